@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Builds the binaries the integration tests and benchmarks run against from the
+# separate Go module in hack/tools, into _output/bin/NAME.
+#
+# Usage: hack/build-tools.sh NAME...
+#   NAME is one of: etcd kube-apiserver kube-controller-manager csi-attacher csi-mock-driver
+#
+# A tool is rebuilt only when its binary is missing or its stamp is stale. The
+# stamp (_output/bin/.NAME.stamp) is the sha256 of hack/tools/go.mod, go.sum and
+# this script, so bumping a version or changing how we build forces a rebuild.
+# For a package inside hack/tools (csi-mock-driver) the stamp also covers its
+# source files.
+#
+# etcd is built in a scratch module (_output/build/etcd) at the version
+# hack/tools pins: k8s.io/kubernetes pulls go.etcd.io/etcd/{api,client}/v3 up to
+# a release whose generated code no longer matches the pinned etcd server, so
+# the server does not compile inside hack/tools itself.
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${repo_root}"
+
+tools_dir="hack/tools"
+bin_dir="${repo_root}/_output/bin"
+
+package_for() {
+  case "$1" in
+    etcd) echo "go.etcd.io/etcd/server/v3" ;;
+    kube-apiserver) echo "k8s.io/kubernetes/cmd/kube-apiserver" ;;
+    kube-controller-manager) echo "k8s.io/kubernetes/cmd/kube-controller-manager" ;;
+    csi-attacher) echo "github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher" ;;
+    csi-mock-driver) echo "./csi-mock-driver" ;;
+    *) return 1 ;;
+  esac
+}
+
+# Tools that must be built in their own module, from the module path they
+# belong to; the version comes from hack/tools/go.mod.
+isolated_module_for() {
+  case "$1" in
+    etcd) echo "go.etcd.io/etcd/server/v3" ;;
+    *) return 1 ;;
+  esac
+}
+
+build_in_tools_module() {
+  local pkg="$1" out="$2"
+  (cd "${tools_dir}" && go build -trimpath -o "${out}" "${pkg}")
+}
+
+build_in_scratch_module() {
+  local name="$1" pkg="$2" module="$3" out="$4"
+  local version go_version dir log
+  version="$(cd "${tools_dir}" && go list -m -f '{{.Version}}' "${module}")"
+  go_version="$(cd "${tools_dir}" && go list -m -f '{{.GoVersion}}')"
+  dir="${repo_root}/_output/build/${name}"
+  rm -rf "${dir}"
+  mkdir -p "${dir}"
+  printf 'module build.local/%s\n\ngo %s\n' "${name}" "${go_version}" >"${dir}/go.mod"
+  log="${dir}/go-get.log"
+  if ! (cd "${dir}" && go get "${module}@${version}") >"${log}" 2>&1; then
+    cat "${log}" >&2
+    return 1
+  fi
+  (cd "${dir}" && go build -trimpath -o "${out}" "${pkg}")
+}
+
+usage() {
+  echo "usage: $0 NAME..." >&2
+  echo "  NAME: etcd kube-apiserver kube-controller-manager csi-attacher csi-mock-driver" >&2
+  exit 2
+}
+
+[[ $# -gt 0 ]] || usage
+for name in "$@"; do
+  package_for "${name}" >/dev/null || { echo "unknown tool: ${name}" >&2; usage; }
+done
+
+base_stamp="$(cat "${tools_dir}/go.mod" "${tools_dir}/go.sum" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1)"
+mkdir -p "${bin_dir}"
+
+stamp_for() {
+  local pkg="$1"
+  if [[ "${pkg}" != ./* ]]; then
+    echo "${base_stamp}"
+    return
+  fi
+  if [[ ! -d "${tools_dir}/${pkg}" ]]; then
+    echo "${tools_dir}/${pkg#./}: no such package directory" >&2
+    return 1
+  fi
+  # Hash names and contents so that adding, removing or renaming a file counts.
+  {
+    echo "${base_stamp}"
+    (cd "${tools_dir}" && find "${pkg}" -type f -print0 | LC_ALL=C sort -z | xargs -0r sha256sum)
+  } | sha256sum | cut -d' ' -f1
+}
+
+for name in "$@"; do
+  pkg="$(package_for "${name}")"
+  bin="${bin_dir}/${name}"
+  stamp_file="${bin_dir}/.${name}.stamp"
+  stamp="$(stamp_for "${pkg}")"
+
+  if [[ -x "${bin}" && -f "${stamp_file}" && "$(cat "${stamp_file}")" == "${stamp}" ]]; then
+    echo "${name}: up to date"
+    continue
+  fi
+
+  start=${SECONDS}
+  rm -f "${stamp_file}"
+  # Build beside the target and rename, so an interrupted build never leaves a
+  # truncated binary that a later run would treat as usable.
+  if module="$(isolated_module_for "${name}")"; then
+    build_in_scratch_module "${name}" "${pkg}" "${module}" "${bin}.tmp"
+  else
+    build_in_tools_module "${pkg}" "${bin}.tmp"
+  fi
+  mv -f "${bin}.tmp" "${bin}"
+  echo "${stamp}" >"${stamp_file}"
+  echo "${name}: built in $((SECONDS - start))s"
+done

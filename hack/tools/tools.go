@@ -1,0 +1,13 @@
+//go:build tools
+
+// Package tools pins the binaries the tests and benchmarks run against: a real
+// kube-apiserver, etcd and kube-controller-manager, all built from source, and the
+// CSI external-attacher that turns VolumeAttachments into ControllerPublish calls.
+package tools
+
+import (
+	_ "github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher"
+	_ "go.etcd.io/etcd/server/v3"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+)

@@ -1,0 +1,422 @@
+package cache
+
+import (
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+// State is where an attachment stands.
+type State string
+
+const (
+	// Uncertain: an attach was started (a VolumeAttachment exists but is not
+	// attached yet, or an in-tree attach failed in an unknown way). It may be
+	// attached: it counts for single-node access and is detached like an
+	// attached volume, but is never reported in node.status.
+	Uncertain State = "uncertain"
+	// Attached: the attach is confirmed.
+	Attached State = "attached"
+	// Detaching: the detach was started and has not finished.
+	Detaching State = "detaching"
+)
+
+// Attachment is one volume on one node, as far as the controller knows.
+type Attachment struct {
+	Key
+	State State
+	// Kind and PluginName say which mechanism attached it (and detaches it).
+	Kind       volume.Kind
+	PluginName string
+	DevicePath string
+	// Spec is the spec the volume was attached with; nil when the attachment
+	// was recovered from node.status alone.
+	Spec *volume.Spec
+	// AttachmentName is the VolumeAttachment's name, for the CSI mechanism.
+	AttachmentName string
+	// AttachError and DetachError are the last errors the mechanism reported.
+	AttachError string
+	DetachError string
+	// AttachStarted and DetachStarted time the operations for metrics.
+	AttachStarted time.Time
+	DetachStarted time.Time
+	// Reported: listed in node.status.volumesAttached, as last written by the
+	// node status writer or read at start.
+	Reported bool
+	// Withdrawn: taken out of the node.status report because a detach is
+	// about to start. The detach waits until Reported is false.
+	Withdrawn bool
+	// DetachWanted is when the controller first wanted to detach it (the
+	// start of the max wait for unmount); zero while it is wanted.
+	DetachWanted time.Time
+}
+
+// Announced reports whether the attach the controller started has been
+// announced (event, metric); recovered attachments need no announcement.
+func (a Attachment) Announced() bool { return a.AttachStarted.IsZero() }
+
+// NodeInfo is what the controller knows of a node.
+type NodeInfo struct {
+	// Exists is false once the Node object is deleted (or was never seen);
+	// the other fields then keep their last known values.
+	Exists bool
+	// Managed: the node has the controller-managed-attach-detach annotation.
+	Managed bool
+	// Ready: the node's Ready condition is True.
+	Ready bool
+	// OutOfService: the node carries the node.kubernetes.io/out-of-service taint.
+	OutOfService bool
+	// InUse is node.status.volumesInUse: the volumes the node has mounted.
+	InUse map[volume.Name]bool
+}
+
+// Healthy reports whether the node exists and is Ready.
+func (n NodeInfo) Healthy() bool { return n.Exists && n.Ready }
+
+// ActualState records attachments and node facts.
+type ActualState struct {
+	mu      sync.RWMutex
+	volumes map[volume.Name]map[string]*Attachment
+	nodes   map[string]*nodeEntry
+	// byAttachmentName finds the key of a VolumeAttachment whose source can
+	// no longer be read (its PV is gone).
+	byAttachmentName map[string]Key
+}
+
+type nodeEntry struct {
+	info        NodeInfo
+	attachments map[volume.Name]*Attachment
+	// writing is true while a node.status write is in flight: no detach may
+	// start on the node until it ends, since it may still report a volume.
+	writing bool
+	// dirty: node.status was seen holding a volume the controller does not
+	// report; the next write must correct it.
+	dirty bool
+}
+
+// NewActualState returns an empty ActualState.
+func NewActualState() *ActualState {
+	return &ActualState{
+		volumes:          map[volume.Name]map[string]*Attachment{},
+		nodes:            map[string]*nodeEntry{},
+		byAttachmentName: map[string]Key{},
+	}
+}
+
+// Get returns a copy of the attachment at k.
+func (a *ActualState) Get(k Key) (Attachment, bool) {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	at, ok := a.volumes[k.Volume][k.Node]
+	if !ok {
+		return Attachment{}, false
+	}
+	return *at, true
+}
+
+// Update applies fn to the attachment at k, creating it (as Uncertain) when
+// create is true and it does not exist. It reports whether anything changed.
+func (a *ActualState) Update(k Key, create bool, fn func(*Attachment)) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	at, ok := a.volumes[k.Volume][k.Node]
+	if !ok {
+		if !create {
+			return false
+		}
+		at = &Attachment{Key: k, State: Uncertain}
+		byNode := a.volumes[k.Volume]
+		if byNode == nil {
+			byNode = map[string]*Attachment{}
+			a.volumes[k.Volume] = byNode
+		}
+		byNode[k.Node] = at
+		a.nodeLocked(k.Node).attachments[k.Volume] = at
+	}
+	before := *at
+	fn(at)
+	at.Key = k
+	if before.AttachmentName != at.AttachmentName && before.AttachmentName != "" {
+		delete(a.byAttachmentName, before.AttachmentName)
+	}
+	if at.AttachmentName != "" {
+		a.byAttachmentName[at.AttachmentName] = k
+	}
+	return !ok || before != *at
+}
+
+// Delete forgets the attachment at k: the volume is detached.
+func (a *ActualState) Delete(k Key) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	at, ok := a.volumes[k.Volume][k.Node]
+	if !ok {
+		return false
+	}
+	delete(a.volumes[k.Volume], k.Node)
+	if len(a.volumes[k.Volume]) == 0 {
+		delete(a.volumes, k.Volume)
+	}
+	if at.AttachmentName != "" && a.byAttachmentName[at.AttachmentName] == k {
+		delete(a.byAttachmentName, at.AttachmentName)
+	}
+	if n := a.nodes[k.Node]; n != nil {
+		delete(n.attachments, k.Volume)
+		a.gcNodeLocked(k.Node)
+	}
+	return true
+}
+
+// ByAttachmentName returns the key a VolumeAttachment was recorded under.
+func (a *ActualState) ByAttachmentName(name string) (Key, bool) {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	k, ok := a.byAttachmentName[name]
+	return k, ok
+}
+
+// nodeLocked returns the node's entry, creating an unknown one.
+func (a *ActualState) nodeLocked(name string) *nodeEntry {
+	n := a.nodes[name]
+	if n == nil {
+		n = &nodeEntry{attachments: map[volume.Name]*Attachment{}}
+		a.nodes[name] = n
+	}
+	return n
+}
+
+// gcNodeLocked drops a node that is gone and has nothing attached.
+func (a *ActualState) gcNodeLocked(name string) {
+	if n := a.nodes[name]; n != nil && !n.info.Exists && len(n.attachments) == 0 {
+		delete(a.nodes, name)
+	}
+}
+
+// SetNode records what the Node object says. It returns the keys of the
+// node's attachments whose decision may change: all of them when readiness,
+// management or the out-of-service taint changed, else those whose in-use
+// flag changed.
+func (a *ActualState) SetNode(name string, info NodeInfo) []Key {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	info.Exists = true
+	n := a.nodeLocked(name)
+	old := n.info
+	n.info = info
+	all := old.Exists != info.Exists || old.Managed != info.Managed || old.Ready != info.Ready ||
+		old.OutOfService != info.OutOfService
+	var keys []Key
+	for v := range n.attachments {
+		if all || old.InUse[v] != info.InUse[v] {
+			keys = append(keys, Key{Volume: v, Node: name})
+		}
+	}
+	return keys
+}
+
+// DeleteNode records that the Node object is gone. Its last known in-use
+// list is kept: a volume mounted on a vanished node is still treated as
+// mounted until the max wait for unmount has passed.
+func (a *ActualState) DeleteNode(name string) []Key {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n, ok := a.nodes[name]
+	if !ok || !n.info.Exists {
+		return nil
+	}
+	n.info.Exists = false
+	n.info.Ready = false
+	keys := make([]Key, 0, len(n.attachments))
+	for v := range n.attachments {
+		keys = append(keys, Key{Volume: v, Node: name})
+	}
+	a.gcNodeLocked(name)
+	return keys
+}
+
+// Node returns what is known of a node; ok is false for a node never seen.
+func (a *ActualState) Node(name string) (info NodeInfo, ok bool) {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	n, ok := a.nodes[name]
+	if !ok {
+		return NodeInfo{}, false
+	}
+	return n.info, true
+}
+
+// NodesOf returns the nodes a volume is (maybe) attached to under name.
+func (a *ActualState) NodesOf(name volume.Name) []string {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	nodes := make([]string, 0, len(a.volumes[name]))
+	for n := range a.volumes[name] {
+		nodes = append(nodes, n)
+	}
+	return nodes
+}
+
+// AttachedElsewhere returns the attachments of a volume, under any of names,
+// on nodes other than node, in any state (an uncertain or detaching volume
+// may still be attached).
+func (a *ActualState) AttachedElsewhere(names []volume.Name, node string) []Key {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	var keys []Key
+	for _, name := range names {
+		for n := range a.volumes[name] {
+			if n != node {
+				keys = append(keys, Key{Volume: name, Node: n})
+			}
+		}
+	}
+	return keys
+}
+
+// Keys returns every attachment's key.
+func (a *ActualState) Keys() []Key {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	var keys []Key
+	for v, byNode := range a.volumes {
+		for n := range byNode {
+			keys = append(keys, Key{Volume: v, Node: n})
+		}
+	}
+	return keys
+}
+
+// Attachments returns a copy of every attachment.
+func (a *ActualState) Attachments() []Attachment {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	var out []Attachment
+	for _, byNode := range a.volumes {
+		for _, at := range byNode {
+			out = append(out, *at)
+		}
+	}
+	return out
+}
+
+// BeginReport returns what node.status.volumesAttached must hold for node
+// (the attached volumes not withdrawn for a detach, sorted by name) and
+// whether that differs from what is reported now. When it differs, a write is
+// in flight until EndReport.
+func (a *ActualState) BeginReport(node string) (want []v1.AttachedVolume, changed bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := a.nodes[node]
+	if n == nil {
+		return nil, false
+	}
+	for _, at := range n.attachments {
+		report := at.State == Attached && !at.Withdrawn
+		if report {
+			want = append(want, v1.AttachedVolume{Name: v1.UniqueVolumeName(at.Volume), DevicePath: at.DevicePath})
+		}
+		if report != at.Reported {
+			changed = true
+		}
+	}
+	slices.SortFunc(want, func(x, y v1.AttachedVolume) int { return strings.Compare(string(x.Name), string(y.Name)) })
+	changed = changed || n.dirty
+	n.writing = changed
+	return want, changed
+}
+
+// EndReport records the outcome of a node.status write of written. On
+// success the report is exactly written; on failure the write may or may not
+// have landed, so a volume in written counts as reported. It returns the keys
+// whose Reported flag changed and every withdrawn key on the node (their
+// detach may wait for this write).
+func (a *ActualState) EndReport(node string, written []v1.AttachedVolume, ok bool) []Key {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := a.nodes[node]
+	if n == nil {
+		return nil
+	}
+	n.writing = false
+	if ok {
+		n.dirty = false
+	}
+	in := make(map[volume.Name]bool, len(written))
+	for _, r := range written {
+		in[volume.Name(r.Name)] = true
+	}
+	var keys []Key
+	for v, at := range n.attachments {
+		reported := in[v] || (!ok && at.Reported)
+		if at.Reported != reported || at.Withdrawn {
+			at.Reported = reported
+			keys = append(keys, at.Key)
+		}
+	}
+	return keys
+}
+
+// ReportInFlight reports whether a node.status write for node is under way.
+func (a *ActualState) ReportInFlight(node string) bool {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	n := a.nodes[node]
+	return n != nil && n.writing
+}
+
+// Reported returns the volumes node.status.volumesAttached holds as far as
+// the controller knows, sorted by name.
+func (a *ActualState) Reported(node string) []v1.AttachedVolume {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	n := a.nodes[node]
+	if n == nil {
+		return nil
+	}
+	var out []v1.AttachedVolume
+	for _, at := range n.attachments {
+		if at.Reported {
+			out = append(out, v1.AttachedVolume{Name: v1.UniqueVolumeName(at.Volume), DevicePath: at.DevicePath})
+		}
+	}
+	slices.SortFunc(out, func(x, y v1.AttachedVolume) int { return strings.Compare(string(x.Name), string(y.Name)) })
+	return out
+}
+
+// Stats counts attachments by metric plugin name.
+func (a *ActualState) Stats() map[string]int {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	byPlugin := map[string]int{}
+	for v, byNode := range a.volumes {
+		byPlugin[volume.MetricPluginName(v)] += len(byNode)
+	}
+	return byPlugin
+}
+
+// ObserveReport records what node.status.volumesAttached says when it
+// differs from what the controller believes it wrote (someone else wrote it):
+// the Reported flags follow the object, so that the next write corrects it.
+func (a *ActualState) ObserveReport(node string, seen []v1.AttachedVolume) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := a.nodes[node]
+	if n == nil || n.writing {
+		return
+	}
+	in := make(map[volume.Name]bool, len(seen))
+	for _, r := range seen {
+		in[volume.Name(r.Name)] = true
+		if _, known := n.attachments[volume.Name(r.Name)]; !known {
+			n.dirty = true
+		}
+	}
+	for v, at := range n.attachments {
+		at.Reported = in[v]
+	}
+}

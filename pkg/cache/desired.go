@@ -1,0 +1,249 @@
+package cache
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+// DesiredState records, for every scheduled pod on a managed node, the
+// volumes it needs attached. A volume is desired on a node while at least one
+// pod there wants it.
+type DesiredState struct {
+	mu sync.RWMutex
+	// pods maps a pod key to what that pod wants.
+	pods map[string]*podWants
+	// entries maps a volume's primary name on a node to its spec and pods.
+	entries map[Key]*desiredEntry
+	// names indexes every name a desired volume can have (its primary name
+	// and its aliases): name -> node -> primary name -> pods wanting it. It
+	// answers "is this attachment still wanted" for a volume attached under
+	// an alias, and finds the keys a change of that name concerns.
+	names map[volume.Name]map[string]map[volume.Name]int
+}
+
+type podWants struct {
+	ref   PodRef
+	node  string
+	specs []*volume.Spec
+}
+
+type desiredEntry struct {
+	spec *volume.Spec
+	pods map[string]PodRef
+}
+
+// NewDesiredState returns an empty DesiredState.
+func NewDesiredState() *DesiredState {
+	return &DesiredState{
+		pods:    map[string]*podWants{},
+		entries: map[Key]*desiredEntry{},
+		names:   map[volume.Name]map[string]map[volume.Name]int{},
+	}
+}
+
+// SetPod replaces what pod wants on node with specs (nil or empty: nothing).
+// It returns the keys whose desired state changed.
+func (d *DesiredState) SetPod(pod PodRef, node string, specs []*volume.Spec) []Key {
+	specs = dedupe(specs)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	podKey := pod.String()
+	old := d.pods[podKey]
+	var touched []Key
+	if old != nil {
+		for _, s := range old.specs {
+			if old.node == node && containsSpec(specs, s) {
+				continue
+			}
+			d.removeLocked(podKey, old.node, s)
+			touched = append(touched, Key{Volume: s.Name, Node: old.node})
+		}
+	}
+	for _, s := range specs {
+		if old != nil && old.node == node && containsSpec(old.specs, s) {
+			// Same spec; keep the newest object for the PV/inline source.
+			d.entries[Key{Volume: s.Name, Node: node}].spec = s
+			continue
+		}
+		d.addLocked(pod, node, s)
+		touched = append(touched, Key{Volume: s.Name, Node: node})
+	}
+	if len(specs) == 0 {
+		delete(d.pods, podKey)
+	} else {
+		d.pods[podKey] = &podWants{ref: pod, node: node, specs: specs}
+	}
+	return touched
+}
+
+// DeletePod forgets pod; it returns the keys whose desired state changed.
+func (d *DesiredState) DeletePod(podKey string) []Key {
+	d.mu.RLock()
+	p, ok := d.pods[podKey]
+	d.mu.RUnlock()
+	if !ok {
+		return nil
+	}
+	return d.SetPod(p.ref, p.node, nil)
+}
+
+func (d *DesiredState) addLocked(pod PodRef, node string, s *volume.Spec) {
+	k := Key{Volume: s.Name, Node: node}
+	e := d.entries[k]
+	if e == nil {
+		e = &desiredEntry{pods: map[string]PodRef{}}
+		d.entries[k] = e
+	}
+	e.spec = s
+	e.pods[pod.String()] = pod
+	for _, n := range s.AllNames() {
+		m := d.names[n]
+		if m == nil {
+			m = map[string]map[volume.Name]int{}
+			d.names[n] = m
+		}
+		if m[node] == nil {
+			m[node] = map[volume.Name]int{}
+		}
+		m[node][s.Name]++
+	}
+}
+
+func (d *DesiredState) removeLocked(podKey, node string, s *volume.Spec) {
+	k := Key{Volume: s.Name, Node: node}
+	if e := d.entries[k]; e != nil {
+		delete(e.pods, podKey)
+		if len(e.pods) == 0 {
+			delete(d.entries, k)
+		}
+	}
+	for _, n := range s.AllNames() {
+		m := d.names[n]
+		if m == nil {
+			continue
+		}
+		if m[node][s.Name]--; m[node][s.Name] <= 0 {
+			delete(m[node], s.Name)
+		}
+		if len(m[node]) == 0 {
+			delete(m, node)
+		}
+		if len(m) == 0 {
+			delete(d.names, n)
+		}
+	}
+}
+
+// Get returns the spec of the volume desired under k's name on k's node and
+// the pods that want it.
+func (d *DesiredState) Get(k Key) (*volume.Spec, []PodRef, bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	e, ok := d.entries[k]
+	if !ok {
+		return nil, nil, false
+	}
+	pods := make([]PodRef, 0, len(e.pods))
+	for _, p := range e.pods {
+		pods = append(pods, p)
+	}
+	slices.SortFunc(pods, func(a, b PodRef) int {
+		if a.Namespace != b.Namespace {
+			if a.Namespace < b.Namespace {
+				return -1
+			}
+			return 1
+		}
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return e.spec, pods, true
+}
+
+// Wanted reports whether some pod on k's node wants the volume k names,
+// under its primary name or as an alias (the same volume attached by another
+// mechanism). A wanted attachment is never detached.
+func (d *DesiredState) Wanted(k Key) bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return len(d.names[k.Volume][k.Node]) > 0
+}
+
+// KeysFor returns the desired keys of the volume that name names, as its
+// primary name or an alias, on every node.
+func (d *DesiredState) KeysFor(name volume.Name) []Key {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	var keys []Key
+	for node, primaries := range d.names[name] {
+		for p := range primaries {
+			keys = append(keys, Key{Volume: p, Node: node})
+		}
+	}
+	return keys
+}
+
+// Keys returns every desired key.
+func (d *DesiredState) Keys() []Key {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	keys := make([]Key, 0, len(d.entries))
+	for k := range d.entries {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// Stats counts desired volumes by metric plugin name, and those whose
+// mechanism is still undecided (waiting for node information).
+func (d *DesiredState) Stats() (byPlugin map[string]int, pending int) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	byPlugin = map[string]int{}
+	for k, e := range d.entries {
+		byPlugin[volume.MetricPluginName(k.Volume)]++
+		if e.spec.Pending != "" {
+			pending++
+		}
+	}
+	return byPlugin, pending
+}
+
+// containsSpec reports whether specs holds a spec equal to s in every field
+// that matters for attaching.
+func containsSpec(specs []*volume.Spec, s *volume.Spec) bool {
+	for _, o := range specs {
+		if sameAttachment(o, s) {
+			return true
+		}
+	}
+	return false
+}
+
+func sameAttachment(a, b *volume.Spec) bool {
+	return a.Name == b.Name && a.Kind == b.Kind && a.Pending == b.Pending &&
+		a.Driver == b.Driver && a.VolumeHandle == b.VolumeHandle && a.PVName == b.PVName &&
+		a.SingleNode == b.SingleNode && a.ReadOnly == b.ReadOnly && a.Migrated == b.Migrated &&
+		slices.Equal(a.Aliases, b.Aliases)
+}
+
+// dedupe keeps the first spec of each name: two pod volumes may name the same
+// claim.
+func dedupe(specs []*volume.Spec) []*volume.Spec {
+	seen := make(map[volume.Name]bool, len(specs))
+	out := specs[:0:0]
+	for _, s := range specs {
+		if !seen[s.Name] {
+			seen[s.Name] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}

@@ -1,0 +1,107 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+// syncAttachment records what a VolumeAttachment says in the actual state:
+// attached, failing, being deleted, or gone (detached).
+func (c *Controller) syncAttachment(ctx context.Context, name string) error {
+	logger := klog.FromContext(ctx)
+	va, err := c.attachments.Get(name)
+	if apierrors.IsNotFound(err) {
+		if k, ok := c.actual.ByAttachmentName(name); ok {
+			if a, _ := c.actual.Get(k); a.AttachmentName == name {
+				c.actual.Delete(k)
+				logger.V(2).Info("VolumeAttachment is gone: volume detached", "volume", k.Volume, "node", k.Node)
+				c.touch(k)
+			}
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get VolumeAttachment %s: %w", name, err)
+	}
+	k, spec, err := c.attachmentKey(ctx, va)
+	if err != nil {
+		// Never act on an attachment that can't be identified: it is left
+		// alone rather than risk detaching a volume in use.
+		logger.Info("Leaving alone a VolumeAttachment that can't be identified", "volumeAttachment", name, "err", err)
+		return nil
+	}
+	changed := c.actual.Update(k, true, func(a *cache.Attachment) {
+		a.Kind = volume.KindCSI
+		a.AttachmentName = name
+		if a.Spec == nil {
+			a.Spec = spec
+		}
+		if spec != nil {
+			a.PluginName = spec.PluginName
+		}
+		a.AttachError, a.DetachError = "", ""
+		switch {
+		case va.DeletionTimestamp != nil:
+			a.State = cache.Detaching
+			if e := va.Status.DetachError; e != nil {
+				a.DetachError = e.Message
+			}
+		case va.Status.Attached:
+			a.State = cache.Attached
+		default:
+			a.State = cache.Uncertain
+			if e := va.Status.AttachError; e != nil {
+				a.AttachError = e.Message
+			}
+		}
+	})
+	if changed {
+		c.touch(k)
+	}
+	return nil
+}
+
+// attachmentKey finds the volume a VolumeAttachment attaches, from its PV or
+// its inline spec; when the PV is gone, from the key it was recorded under.
+func (c *Controller) attachmentKey(ctx context.Context, va *storagev1.VolumeAttachment) (cache.Key, *volume.Spec, error) {
+	src := volume.Source{}
+	switch {
+	case va.Spec.Source.PersistentVolumeName != nil:
+		pv, err := c.pvs.Get(*va.Spec.Source.PersistentVolumeName)
+		if err != nil {
+			if k, ok := c.actual.ByAttachmentName(va.Name); ok {
+				return k, nil, nil
+			}
+			return cache.Key{}, nil, fmt.Errorf("PersistentVolume %s: %w", *va.Spec.Source.PersistentVolumeName, err)
+		}
+		src.PV = pv
+	case va.Spec.Source.InlineVolumeSpec != nil:
+		src.PV = &v1.PersistentVolume{Spec: *va.Spec.Source.InlineVolumeSpec}
+	default:
+		return cache.Key{}, nil, errors.New("VolumeAttachment has no source")
+	}
+	spec, err := volume.Resolve(klog.FromContext(ctx), src, va.Spec.NodeName, alwaysCSI)
+	if err != nil {
+		return cache.Key{}, nil, fmt.Errorf("resolve source: %w", err)
+	}
+	if spec.Kind != volume.KindCSI {
+		return cache.Key{}, nil, fmt.Errorf("source of kind %q", spec.Kind)
+	}
+	if va.Spec.Source.InlineVolumeSpec != nil {
+		spec.PV, spec.PVName, spec.InlineSpec = nil, "", va.Spec.Source.InlineVolumeSpec
+	}
+	return cache.Key{Volume: spec.Name, Node: va.Spec.NodeName}, spec, nil
+}
+
+// alwaysCSI decides that an in-tree volume named by a VolumeAttachment was
+// migrated: a VolumeAttachment only exists for volumes attached through CSI.
+func alwaysCSI(string, string) (volume.Kind, error) { return volume.KindCSI, nil }

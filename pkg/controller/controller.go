@@ -1,0 +1,253 @@
+// Package controller watches the API and turns objects into facts in the
+// caches: "pod P on node N wants volume V (spec S)", "node N is managed, Ready
+// and has {..} mounted", "VolumeAttachment A is attached". Event handlers only
+// enqueue keys; one idempotent sync per key does the work. Every cache change
+// re-queues the volume keys it touched for the reconciler, and the nodes whose
+// status report may change for the node status writer.
+package controller
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/intree"
+	"github.com/kube-attach/attach-detach-controller/pkg/mechanism"
+	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
+	"github.com/kube-attach/attach-detach-controller/pkg/migration"
+	"github.com/kube-attach/attach-detach-controller/pkg/nodestatus"
+	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+// Config is what the controller needs from its caller.
+type Config struct {
+	Client kubernetes.Interface
+	// Dynamic reads CSINodeInfo objects; nil disables CSINodeInfo support.
+	Dynamic dynamic.Interface
+	// CSINodeInfoInstalled says the CSINodeInfo CRD is served.
+	CSINodeInfoInstalled bool
+	Recorder             record.EventRecorder
+	Metrics              *metrics.Metrics
+	// Registerer receives the workqueue metrics and the state collector.
+	Registerer prometheus.Registerer
+	Reconciler reconciler.Config
+	// InTree holds the in-tree attacher plugins compiled in.
+	InTree *intree.Registry
+	// Workers is the number of volume and node status workers.
+	Workers int
+	// SyncPeriod is the period of the sync that compares attached volumes
+	// with their VolumeAttachments; zero disables it.
+	SyncPeriod time.Duration
+	// RateLimiter returns the per-key retry policy of a queue.
+	RateLimiter func() workqueue.TypedRateLimiter[cache.Key]
+	// NodeRateLimiter is the retry policy of the string-keyed queues.
+	NodeRateLimiter func() workqueue.TypedRateLimiter[string]
+}
+
+// Controller owns the informers, the queues and the workers.
+type Controller struct {
+	cfg        Config
+	client     kubernetes.Interface
+	factory    informers.SharedInformerFactory
+	dynFactory dynamicinformer.DynamicSharedInformerFactory
+
+	pods            corelisters.PodLister
+	podIndex        toolscache.Indexer
+	pvcs            corelisters.PersistentVolumeClaimLister
+	pvs             corelisters.PersistentVolumeLister
+	nodes           corelisters.NodeLister
+	csiDrivers      storagelisters.CSIDriverLister
+	attachments     storagelisters.VolumeAttachmentLister
+	attachmentIndex toolscache.Indexer
+	synced          []toolscache.InformerSynced
+
+	desired    *cache.DesiredState
+	actual     *cache.ActualState
+	nodeView   *migration.NodeView
+	reconciler *reconciler.Reconciler
+	writer     *nodestatus.Writer
+
+	podQueue        workqueue.TypedRateLimitingInterface[string]
+	nodeQueue       workqueue.TypedRateLimitingInterface[string]
+	attachmentQueue workqueue.TypedRateLimitingInterface[string]
+	volumeQueue     workqueue.TypedRateLimitingInterface[cache.Key]
+	statusQueue     workqueue.TypedRateLimitingInterface[string]
+
+	// problems remembers the last warning posted per pod volume, so a pod
+	// re-synced many times is told once.
+	mu       sync.Mutex
+	problems map[string]map[string]string
+}
+
+// New wires a Controller. Nothing runs until Run.
+func New(cfg Config) (*Controller, error) {
+	if cfg.Workers < 1 {
+		return nil, fmt.Errorf("workers must be at least 1, got %d", cfg.Workers)
+	}
+	c := &Controller{
+		cfg:      cfg,
+		client:   cfg.Client,
+		desired:  cache.NewDesiredState(),
+		actual:   cache.NewActualState(),
+		problems: map[string]map[string]string{},
+	}
+	c.factory = informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, informers.WithTransform(trim))
+	podInformer := c.factory.Core().V1().Pods().Informer()
+	if err := podInformer.AddIndexers(toolscache.Indexers{indexByNode: podNodeIndex, indexByClaim: podClaimIndex}); err != nil {
+		return nil, fmt.Errorf("add pod indexers: %w", err)
+	}
+	c.pods = c.factory.Core().V1().Pods().Lister()
+	c.podIndex = podInformer.GetIndexer()
+	c.pvcs = c.factory.Core().V1().PersistentVolumeClaims().Lister()
+	c.pvs = c.factory.Core().V1().PersistentVolumes().Lister()
+	c.nodes = c.factory.Core().V1().Nodes().Lister()
+	c.csiDrivers = c.factory.Storage().V1().CSIDrivers().Lister()
+	c.attachments = c.factory.Storage().V1().VolumeAttachments().Lister()
+	vaInformer := c.factory.Storage().V1().VolumeAttachments().Informer()
+	if err := vaInformer.AddIndexers(toolscache.Indexers{indexByPV: attachmentPVIndex}); err != nil {
+		return nil, fmt.Errorf("add VolumeAttachment indexer: %w", err)
+	}
+	c.attachmentIndex = vaInformer.GetIndexer()
+	csiNodes := c.factory.Storage().V1().CSINodes()
+
+	var csiNodeInfos toolscache.GenericLister
+	if cfg.CSINodeInfoInstalled && cfg.Dynamic != nil {
+		c.dynFactory = dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, 0)
+		gi := c.dynFactory.ForResource(migration.CSINodeInfoGVR)
+		csiNodeInfos = gi.Lister()
+		if _, err := gi.Informer().AddEventHandler(c.nodeInfoHandler()); err != nil {
+			return nil, fmt.Errorf("watch CSINodeInfo: %w", err)
+		}
+		c.synced = append(c.synced, gi.Informer().HasSynced)
+	}
+	c.nodeView = migration.NewNodeView(csiNodes.Lister(), csiNodeInfos)
+
+	queueMetrics, err := metrics.NewWorkqueueProvider(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("register workqueue metrics: %w", err)
+	}
+	newQueue := func(name string) workqueue.TypedRateLimitingInterface[string] {
+		return workqueue.NewTypedRateLimitingQueueWithConfig(cfg.NodeRateLimiter(),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: name, MetricsProvider: queueMetrics})
+	}
+	c.podQueue = newQueue("pods")
+	c.nodeQueue = newQueue("nodes")
+	c.attachmentQueue = newQueue("volumeattachments")
+	c.statusQueue = newQueue("nodestatus")
+	c.volumeQueue = workqueue.NewTypedRateLimitingQueueWithConfig(cfg.RateLimiter(),
+		workqueue.TypedRateLimitingQueueConfig[cache.Key]{Name: "volumes", MetricsProvider: queueMetrics})
+
+	c.reconciler = reconciler.New(c.desired, c.actual, map[volume.Kind]reconciler.Mechanism{
+		volume.KindCSI:    mechanism.NewCSI(cfg.Client, c.attachments),
+		volume.KindInTree: mechanism.NewInTree(cfg.InTree),
+	}, cfg.Recorder, cfg.Metrics, cfg.Reconciler)
+	c.writer = nodestatus.NewWriter(cfg.Client, c.nodes, c.actual)
+
+	if err := c.addHandlers(csiNodes.Informer()); err != nil {
+		return nil, err
+	}
+	c.synced = append(c.synced, podInformer.HasSynced,
+		c.factory.Core().V1().PersistentVolumeClaims().Informer().HasSynced,
+		c.factory.Core().V1().PersistentVolumes().Informer().HasSynced,
+		c.factory.Core().V1().Nodes().Informer().HasSynced,
+		c.factory.Storage().V1().CSIDrivers().Informer().HasSynced,
+		c.factory.Storage().V1().VolumeAttachments().Informer().HasSynced,
+		csiNodes.Informer().HasSynced)
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(metrics.NewStateCollector(c.desired.Stats, c.actual.Stats)); err != nil {
+			return nil, fmt.Errorf("register state metrics: %w", err)
+		}
+	}
+	return c, nil
+}
+
+// Run starts the informers, rebuilds the state, and runs the workers until
+// ctx is cancelled. It returns once every worker has stopped.
+func (c *Controller) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	defer c.shutdownQueues()
+	c.factory.Start(ctx.Done())
+	defer c.factory.Shutdown()
+	if c.dynFactory != nil {
+		c.dynFactory.Start(ctx.Done())
+		defer c.dynFactory.Shutdown()
+	}
+	logger.Info("Waiting for informer caches")
+	if !toolscache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		return fmt.Errorf("informer caches did not sync: %w", ctx.Err())
+	}
+	if err := c.recover(ctx); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	run := func(n int, worker func(context.Context)) {
+		for range n {
+			wg.Go(func() { wait.UntilWithContext(ctx, worker, time.Second) })
+		}
+	}
+	run(2, c.podWorker)
+	run(2, c.nodeWorker)
+	run(2, c.attachmentWorker)
+	run(c.cfg.Workers, c.volumeWorker)
+	run(c.cfg.Workers, c.statusWorker)
+	if c.cfg.SyncPeriod > 0 {
+		wg.Go(func() { wait.UntilWithContext(ctx, c.periodicSync, c.cfg.SyncPeriod) })
+	}
+	logger.Info("Started", "workers", c.cfg.Workers)
+	<-ctx.Done()
+	c.shutdownQueues()
+	wg.Wait()
+	logger.Info("Stopped")
+	return nil
+}
+
+func (c *Controller) shutdownQueues() {
+	c.podQueue.ShutDown()
+	c.nodeQueue.ShutDown()
+	c.attachmentQueue.ShutDown()
+	c.volumeQueue.ShutDown()
+	c.statusQueue.ShutDown()
+}
+
+// touch queues the keys a cache change touched: every key of each volume,
+// on every node and under every name, for the reconciler (a detach elsewhere
+// may unblock a single-node attach), and each key's node for the status
+// writer.
+func (c *Controller) touch(keys ...cache.Key) {
+	done := map[volume.Name]bool{}
+	for _, k := range keys {
+		c.statusQueue.Add(k.Node)
+		c.volumeQueue.Add(k)
+		if done[k.Volume] {
+			continue
+		}
+		done[k.Volume] = true
+		for _, dk := range c.desired.KeysFor(k.Volume) {
+			c.volumeQueue.Add(dk)
+		}
+		for _, n := range c.actual.NodesOf(k.Volume) {
+			c.volumeQueue.Add(cache.Key{Volume: k.Volume, Node: n})
+		}
+	}
+}
+
+// Explain says what the controller will do with a volume on a node, and why.
+func (c *Controller) Explain(k cache.Key) reconciler.Decision {
+	return c.reconciler.Decide(k, time.Now())
+}

@@ -1,0 +1,258 @@
+package controller
+
+import (
+	"fmt"
+
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	toolscache "k8s.io/client-go/tools/cache"
+)
+
+const (
+	indexByNode  = "byNode"
+	indexByClaim = "byClaim"
+	indexByPV    = "byPV"
+)
+
+// trim keeps in the informer caches only what the controller reads: pods and
+// nodes are the large objects of a cluster, and most of them is of no use
+// here.
+func trim(obj any) (any, error) {
+	if m, ok := obj.(metav1.ObjectMetaAccessor); ok {
+		m.GetObjectMeta().SetManagedFields(nil)
+	}
+	switch o := obj.(type) {
+	case *v1.Pod:
+		return trimPod(o), nil
+	case *v1.Node:
+		return trimNode(o), nil
+	}
+	return obj, nil
+}
+
+func trimPod(p *v1.Pod) *v1.Pod {
+	out := &v1.Pod{
+		TypeMeta: p.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Name: p.Name, Namespace: p.Namespace, UID: p.UID,
+			ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp,
+		},
+		Spec:   v1.PodSpec{NodeName: p.Spec.NodeName},
+		Status: v1.PodStatus{Phase: p.Status.Phase},
+	}
+	for _, vol := range p.Spec.Volumes {
+		switch {
+		case vol.ConfigMap != nil, vol.Secret != nil, vol.Projected != nil, vol.EmptyDir != nil,
+			vol.DownwardAPI != nil, vol.HostPath != nil, vol.Image != nil, vol.CSI != nil:
+			continue
+		case vol.Ephemeral != nil:
+			// Only the claim's name matters: <pod>-<volume>.
+			vol = v1.Volume{Name: vol.Name, VolumeSource: v1.VolumeSource{Ephemeral: &v1.EphemeralVolumeSource{}}}
+		}
+		out.Spec.Volumes = append(out.Spec.Volumes, vol)
+	}
+	return out
+}
+
+func trimNode(n *v1.Node) *v1.Node {
+	out := &v1.Node{
+		TypeMeta: n.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels,
+		},
+		Spec: v1.NodeSpec{Taints: n.Spec.Taints},
+		Status: v1.NodeStatus{
+			VolumesInUse:    n.Status.VolumesInUse,
+			VolumesAttached: n.Status.VolumesAttached,
+		},
+	}
+	if v, ok := n.Annotations[managedAnnotation]; ok {
+		out.Annotations = map[string]string{managedAnnotation: v}
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == v1.NodeReady {
+			out.Status.Conditions = []v1.NodeCondition{{Type: c.Type, Status: c.Status}}
+		}
+	}
+	return out
+}
+
+func podNodeIndex(obj any) ([]string, error) {
+	p, ok := obj.(*v1.Pod)
+	if !ok || p.Spec.NodeName == "" {
+		return nil, nil
+	}
+	return []string{p.Spec.NodeName}, nil
+}
+
+// podClaimIndex indexes pods by the "namespace/name" of every claim they use,
+// generic ephemeral ones included.
+func podClaimIndex(obj any) ([]string, error) {
+	p, ok := obj.(*v1.Pod)
+	if !ok {
+		return nil, nil
+	}
+	var claims []string
+	for _, vol := range p.Spec.Volumes {
+		if name := claimName(p, &vol); name != "" {
+			claims = append(claims, p.Namespace+"/"+name)
+		}
+	}
+	return claims, nil
+}
+
+// claimName is the PVC a pod volume uses, or "".
+func claimName(p *v1.Pod, vol *v1.Volume) string {
+	switch {
+	case vol.PersistentVolumeClaim != nil:
+		return vol.PersistentVolumeClaim.ClaimName
+	case vol.Ephemeral != nil:
+		return p.Name + "-" + vol.Name
+	}
+	return ""
+}
+
+func (c *Controller) addHandlers(csiNodes toolscache.SharedIndexInformer) error {
+	key := func(obj any) (string, bool) {
+		k, err := toolscache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+		return k, err == nil
+	}
+	enqueue := func(q interface{ Add(string) }) toolscache.ResourceEventHandlerFuncs {
+		return objectHandler(func(obj any) {
+			if k, ok := key(obj); ok {
+				q.Add(k)
+			}
+		})
+	}
+	handlers := []struct {
+		informer toolscache.SharedIndexInformer
+		handler  toolscache.ResourceEventHandler
+	}{
+		{c.factory.Core().V1().Pods().Informer(), enqueue(c.podQueue)},
+		{c.factory.Core().V1().Nodes().Informer(), toolscache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { c.nodeChanged(nil, obj) },
+			UpdateFunc: c.nodeChanged,
+			DeleteFunc: func(obj any) { c.nodeChanged(nil, obj) },
+		}},
+		{c.factory.Storage().V1().VolumeAttachments().Informer(), enqueue(c.attachmentQueue)},
+		{c.factory.Core().V1().PersistentVolumeClaims().Informer(), objectHandler(func(obj any) {
+			if k, ok := key(obj); ok {
+				c.enqueuePods(indexByClaim, k)
+			}
+		})},
+		{c.factory.Core().V1().PersistentVolumes().Informer(), objectHandler(c.pvChanged)},
+		{c.factory.Storage().V1().CSIDrivers().Informer(), objectHandler(func(any) { c.enqueueAllPods() })},
+		{csiNodes, objectHandler(func(obj any) {
+			if k, ok := key(obj); ok {
+				c.enqueuePods(indexByNode, k)
+			}
+		})},
+	}
+	for _, h := range handlers {
+		if _, err := h.informer.AddEventHandler(h.handler); err != nil {
+			return fmt.Errorf("add event handler: %w", err)
+		}
+	}
+	return nil
+}
+
+// objectHandler calls fn with the new object of every add, update and delete.
+func objectHandler(fn func(obj any)) toolscache.ResourceEventHandlerFuncs {
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    fn,
+		UpdateFunc: func(_, obj any) { fn(obj) },
+		DeleteFunc: fn,
+	}
+}
+
+// nodeChanged queues the node, unless the update only echoes a status the
+// controller wrote or carries nothing the controller reads (heartbeats).
+func (c *Controller) nodeChanged(oldObj, obj any) {
+	if o, ok := oldObj.(*v1.Node); ok {
+		if n, ok := obj.(*v1.Node); ok && sameNodeFacts(o, n) {
+			return
+		}
+	}
+	if k, err := toolscache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+		c.nodeQueue.Add(k)
+	}
+}
+
+// sameNodeFacts compares trimmed nodes: what is left is what matters.
+func sameNodeFacts(a, b *v1.Node) bool {
+	a2, b2 := a.DeepCopy(), b.DeepCopy()
+	a2.ResourceVersion, b2.ResourceVersion = "", ""
+	return apiequality.Semantic.DeepEqual(a2, b2)
+}
+
+func (c *Controller) pvChanged(obj any) {
+	pv, ok := obj.(*v1.PersistentVolume)
+	if !ok {
+		if d, isTomb := obj.(toolscache.DeletedFinalStateUnknown); isTomb {
+			pv, ok = d.Obj.(*v1.PersistentVolume)
+		}
+	}
+	if !ok || pv.Spec.ClaimRef == nil {
+		return
+	}
+	c.enqueuePods(indexByClaim, pv.Spec.ClaimRef.Namespace+"/"+pv.Spec.ClaimRef.Name)
+	// A VolumeAttachment of this PV can be identified again.
+	for _, va := range c.attachmentsOfPV(pv.Name) {
+		c.attachmentQueue.Add(va)
+	}
+}
+
+func (c *Controller) attachmentsOfPV(pv string) []string {
+	objs, err := c.attachmentIndex.ByIndex(indexByPV, pv)
+	if err != nil {
+		return nil
+	}
+	names := make([]string, 0, len(objs))
+	for _, obj := range objs {
+		if va, ok := obj.(*storagev1.VolumeAttachment); ok {
+			names = append(names, va.Name)
+		}
+	}
+	return names
+}
+
+func attachmentPVIndex(obj any) ([]string, error) {
+	va, ok := obj.(*storagev1.VolumeAttachment)
+	if !ok || va.Spec.Source.PersistentVolumeName == nil {
+		return nil, nil
+	}
+	return []string{*va.Spec.Source.PersistentVolumeName}, nil
+}
+
+func (c *Controller) nodeInfoHandler() toolscache.ResourceEventHandler {
+	return objectHandler(func(obj any) {
+		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			c.enqueuePods(indexByNode, u.GetName())
+		}
+	})
+}
+
+// enqueuePods queues the pods an index value names.
+func (c *Controller) enqueuePods(index, value string) {
+	objs, err := c.podIndex.ByIndex(index, value)
+	if err != nil {
+		return
+	}
+	for _, obj := range objs {
+		if p, ok := obj.(*v1.Pod); ok {
+			c.podQueue.Add(p.Namespace + "/" + p.Name)
+		}
+	}
+}
+
+func (c *Controller) enqueueAllPods() {
+	for _, k := range c.podIndex.ListKeys() {
+		c.podQueue.Add(k)
+	}
+}

@@ -1,0 +1,79 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+const outOfServiceTaint = "node.kubernetes.io/out-of-service"
+
+// syncNode turns one Node into node facts: managed, Ready, out of service,
+// and the volumes it has mounted.
+func (c *Controller) syncNode(ctx context.Context, name string) error {
+	old, known := c.actual.Node(name)
+	node, err := c.nodes.Get(name)
+	if apierrors.IsNotFound(err) {
+		c.touch(c.actual.DeleteNode(name)...)
+		c.enqueuePods(indexByNode, name)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get node %s: %w", name, err)
+	}
+	info := nodeInfo(node)
+	touched := c.actual.SetNode(name, info)
+	if !known || !old.Exists || old.Managed != info.Managed {
+		c.enqueuePods(indexByNode, name)
+	}
+	if !sameAttached(node.Status.VolumesAttached, c.actual.Reported(name)) && !c.actual.ReportInFlight(name) {
+		klog.FromContext(ctx).V(2).Info("Node status lists other attached volumes than written; rewriting it")
+		c.actual.ObserveReport(name, node.Status.VolumesAttached)
+		c.statusQueue.Add(name)
+	}
+	c.touch(touched...)
+	return nil
+}
+
+func nodeInfo(node *v1.Node) cache.NodeInfo {
+	info := cache.NodeInfo{Exists: true, InUse: map[volume.Name]bool{}}
+	_, info.Managed = node.Annotations[managedAnnotation]
+	for _, c := range node.Status.Conditions {
+		if c.Type == v1.NodeReady {
+			info.Ready = c.Status == v1.ConditionTrue
+		}
+	}
+	for _, t := range node.Spec.Taints {
+		if t.Key == outOfServiceTaint {
+			info.OutOfService = true
+		}
+	}
+	for _, v := range node.Status.VolumesInUse {
+		info.InUse[volume.Name(v)] = true
+	}
+	return info
+}
+
+func sameAttached(a, b []v1.AttachedVolume) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	a = slices.Clone(a)
+	slices.SortFunc(a, func(x, y v1.AttachedVolume) int {
+		switch {
+		case x.Name < y.Name:
+			return -1
+		case x.Name > y.Name:
+			return 1
+		}
+		return 0
+	})
+	return slices.Equal(a, b)
+}

@@ -1,0 +1,207 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+const managedAnnotation = "volumes.kubernetes.io/controller-managed-attach-detach"
+
+// syncPod turns one pod into desired state: the volumes it needs attached to
+// its node. A pod that is gone, unscheduled, terminated or on a node the
+// controller does not manage needs nothing.
+func (c *Controller) syncPod(ctx context.Context, key string) error {
+	ns, name, err := toolscache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil
+	}
+	pod, err := c.pods.Pods(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		c.forgetProblems(key)
+		c.touch(c.desired.DeletePod(key)...)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get pod %s: %w", key, err)
+	}
+	ref := cache.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)}
+	if !c.needsAttach(pod) {
+		c.touch(c.desired.SetPod(ref, pod.Spec.NodeName, nil)...)
+		return nil
+	}
+	specs := c.podVolumes(ctx, pod)
+	touched := c.desired.SetPod(ref, pod.Spec.NodeName, specs)
+	c.countDecisions(specs, touched)
+	c.touch(touched...)
+	return nil
+}
+
+func (c *Controller) needsAttach(pod *v1.Pod) bool {
+	if pod.Spec.NodeName == "" || pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
+		return false
+	}
+	node, err := c.nodes.Get(pod.Spec.NodeName)
+	if err != nil {
+		return false
+	}
+	_, managed := node.Annotations[managedAnnotation]
+	return managed
+}
+
+// podVolumes resolves each volume of pod into the spec to attach on its
+// node. A volume that can't be resolved is reported on the pod and left out;
+// the pod's other volumes are unaffected.
+func (c *Controller) podVolumes(ctx context.Context, pod *v1.Pod) []*volume.Spec {
+	logger := klog.FromContext(ctx)
+	var specs []*volume.Spec
+	seen := map[string]bool{}
+	for i := range pod.Spec.Volumes {
+		vol := &pod.Spec.Volumes[i]
+		spec, err := c.podVolume(ctx, pod, vol)
+		switch {
+		case errors.Is(err, errWaiting):
+			logger.V(4).Info("Volume not ready to attach", "volume", vol.Name, "reason", err)
+		case errors.Is(err, volume.ErrNotAttachable):
+		case err != nil:
+			c.reportProblem(pod, vol.Name, err)
+		case spec != nil:
+			specs = append(specs, spec)
+		}
+		if err == nil || errors.Is(err, errWaiting) || errors.Is(err, volume.ErrNotAttachable) {
+			seen[vol.Name] = true
+		}
+	}
+	c.clearProblems(pod, seen)
+	return specs
+}
+
+// errWaiting marks a volume that is not an error but not ready either (an
+// unbound claim).
+var errWaiting = errors.New("waiting")
+
+func (c *Controller) podVolume(ctx context.Context, pod *v1.Pod, vol *v1.Volume) (*volume.Spec, error) {
+	src := volume.Source{Inline: vol, PodNamespace: pod.Namespace}
+	if claim := claimName(pod, vol); claim != "" {
+		pv, err := c.claimedPV(pod, vol, claim)
+		if err != nil {
+			return nil, err
+		}
+		src = volume.Source{PV: pv, PodNamespace: pod.Namespace}
+	}
+	spec, err := volume.Resolve(klog.FromContext(ctx), src, pod.Spec.NodeName, c.nodeView.Decide)
+	if err != nil {
+		return nil, err
+	}
+	if spec.Kind == volume.KindCSI && !c.attachRequired(spec.Driver) {
+		return nil, volume.ErrNotAttachable
+	}
+	return spec, nil
+}
+
+// claimedPV follows a pod's claim to its PV. The PV counts only when the
+// claim is bound to it and it is bound to the claim (claimRef.uid).
+func (c *Controller) claimedPV(pod *v1.Pod, vol *v1.Volume, claim string) (*v1.PersistentVolume, error) {
+	pvc, err := c.pvcs.PersistentVolumeClaims(pod.Namespace).Get(claim)
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("PersistentVolumeClaim %q not found", pod.Namespace+"/"+claim)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get PersistentVolumeClaim %s/%s: %w", pod.Namespace, claim, err)
+	}
+	if vol.Ephemeral != nil && !metav1.IsControlledBy(pvc, pod) {
+		return nil, fmt.Errorf("PersistentVolumeClaim %q was not created for this pod (generic ephemeral volume %q)", pod.Namespace+"/"+claim, vol.Name)
+	}
+	if pvc.Status.Phase != v1.ClaimBound || pvc.Spec.VolumeName == "" {
+		return nil, fmt.Errorf("claim %s is not bound: %w", claim, errWaiting)
+	}
+	pv, err := c.pvs.Get(pvc.Spec.VolumeName)
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("PersistentVolume %q of claim %q not found", pvc.Spec.VolumeName, pod.Namespace+"/"+claim)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get PersistentVolume %s: %w", pvc.Spec.VolumeName, err)
+	}
+	if pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.UID != pvc.UID {
+		return nil, fmt.Errorf("PersistentVolume %s is not bound to claim %s yet: %w", pv.Name, claim, errWaiting)
+	}
+	return pv, nil
+}
+
+// attachRequired is false only for a CSIDriver that says so; a missing
+// CSIDriver object means attach is required.
+func (c *Controller) attachRequired(driver string) bool {
+	d, err := c.csiDrivers.Get(driver)
+	if err != nil || d.Spec.AttachRequired == nil {
+		return true
+	}
+	return *d.Spec.AttachRequired
+}
+
+// countDecisions counts the mechanism decisions for in-tree volumes that
+// changed the desired state.
+func (c *Controller) countDecisions(specs []*volume.Spec, touched []cache.Key) {
+	changed := make(map[volume.Name]bool, len(touched))
+	for _, k := range touched {
+		changed[k.Volume] = true
+	}
+	for _, s := range specs {
+		if s.PluginName == volume.CSIPluginName || s.PluginName == "" || !changed[s.Name] {
+			continue
+		}
+		mech := string(s.Kind)
+		if s.Pending != "" {
+			mech = "pending"
+		}
+		c.cfg.Metrics.MechanismDecisions.WithLabelValues(s.PluginName, mech).Inc()
+	}
+}
+
+// reportProblem posts a warning on the pod for a volume that can't be
+// attached, once per distinct message.
+func (c *Controller) reportProblem(pod *v1.Pod, volName string, err error) {
+	key := pod.Namespace + "/" + pod.Name
+	msg := fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", volName, err)
+	c.mu.Lock()
+	vols := c.problems[key]
+	if vols == nil {
+		vols = map[string]string{}
+		c.problems[key] = vols
+	}
+	told := vols[volName] == msg
+	vols[volName] = msg
+	c.mu.Unlock()
+	if told {
+		return
+	}
+	c.cfg.Recorder.Event(pod, v1.EventTypeWarning, "FailedAttachVolume", msg)
+}
+
+func (c *Controller) clearProblems(pod *v1.Pod, ok map[string]bool) {
+	key := pod.Namespace + "/" + pod.Name
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for v := range c.problems[key] {
+		if ok[v] {
+			delete(c.problems[key], v)
+		}
+	}
+	if len(c.problems[key]) == 0 {
+		delete(c.problems, key)
+	}
+}
+
+func (c *Controller) forgetProblems(key string) {
+	c.mu.Lock()
+	delete(c.problems, key)
+	c.mu.Unlock()
+}

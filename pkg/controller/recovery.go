@@ -1,0 +1,79 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+var everything = labels.Everything()
+
+// recover rebuilds both states from the synced informers before any worker
+// runs: attachments from VolumeAttachments and node.status.volumesAttached,
+// then every pod's wants. Only then can "not desired" be trusted, so a
+// restart never detaches a volume still in use, and a pod deleted while the
+// controller was down is detached right away.
+func (c *Controller) recover(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	vas, err := c.attachments.List(everything)
+	if err != nil {
+		return fmt.Errorf("list VolumeAttachments: %w", err)
+	}
+	for _, va := range vas {
+		if err := c.syncAttachment(ctx, va.Name); err != nil {
+			return err
+		}
+	}
+	nodes, err := c.nodes.List(everything)
+	if err != nil {
+		return fmt.Errorf("list nodes: %w", err)
+	}
+	for _, node := range nodes {
+		for _, av := range node.Status.VolumesAttached {
+			k := cache.Key{Volume: volume.Name(av.Name), Node: node.Name}
+			c.actual.Update(k, true, func(a *cache.Attachment) {
+				a.Reported = true
+				if a.AttachmentName != "" {
+					return // the VolumeAttachment knows better
+				}
+				a.Kind = kindOf(k.Volume)
+				a.PluginName, _, _ = volume.Parse(k.Volume)
+				a.DevicePath = av.DevicePath
+				if a.Kind == volume.KindInTree {
+					a.State = cache.Attached
+				}
+				// A CSI volume without a VolumeAttachment stays uncertain:
+				// attached again if wanted, else taken out of the report.
+			})
+		}
+		if err := c.syncNode(ctx, node.Name); err != nil {
+			return err
+		}
+	}
+	pods, err := c.pods.List(everything)
+	if err != nil {
+		return fmt.Errorf("list pods: %w", err)
+	}
+	for _, p := range pods {
+		if err := c.syncPod(ctx, p.Namespace+"/"+p.Name); err != nil {
+			return err
+		}
+	}
+	// Every known key gets one look, whether or not it changed.
+	c.touch(c.actual.Keys()...)
+	c.touch(c.desired.Keys()...)
+	logger.Info("Recovered state", "attachments", len(c.actual.Keys()), "desired", len(c.desired.Keys()), "pods", len(pods), "nodes", len(nodes))
+	return nil
+}
+
+func kindOf(name volume.Name) volume.Kind {
+	if plugin, _, _ := volume.Parse(name); plugin == volume.CSIPluginName {
+		return volume.KindCSI
+	}
+	return volume.KindInTree
+}

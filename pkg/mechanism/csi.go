@@ -1,0 +1,114 @@
+// Package mechanism holds the two ways a volume gets attached: CSI, through
+// VolumeAttachment objects the CSI external-attacher acts on, and in-tree
+// attacher plugins. Both implement reconciler.Mechanism.
+package mechanism
+
+import (
+	"context"
+	"fmt"
+
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+// CSI attaches by creating a VolumeAttachment and detaches by deleting it.
+// It never waits: the VolumeAttachment informer reports the outcome.
+type CSI struct {
+	client      kubernetes.Interface
+	attachments storagelisters.VolumeAttachmentLister
+}
+
+var _ reconciler.Mechanism = (*CSI)(nil)
+
+// NewCSI returns the CSI mechanism.
+func NewCSI(client kubernetes.Interface, attachments storagelisters.VolumeAttachmentLister) *CSI {
+	return &CSI{client: client, attachments: attachments}
+}
+
+// Attach creates the VolumeAttachment unless it exists, and reports its state.
+func (c *CSI) Attach(ctx context.Context, spec *volume.Spec, node string) (reconciler.AttachResult, error) {
+	name := volume.AttachmentName(spec.VolumeHandle, spec.Driver, node)
+	res := reconciler.AttachResult{AttachmentName: name}
+	va, err := c.attachments.Get(name)
+	switch {
+	case err == nil:
+		return res, attachmentState(va, &res)
+	case !apierrors.IsNotFound(err):
+		return res, fmt.Errorf("get VolumeAttachment %s: %w", name, err)
+	}
+	va = NewAttachment(name, spec, node)
+	if _, err := c.client.StorageV1().VolumeAttachments().Create(ctx, va, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return res, fmt.Errorf("create VolumeAttachment %s: %w", name, err)
+	}
+	return res, nil
+}
+
+func attachmentState(va *storagev1.VolumeAttachment, res *reconciler.AttachResult) error {
+	if va.DeletionTimestamp != nil {
+		return fmt.Errorf("VolumeAttachment %s is being deleted", va.Name)
+	}
+	if va.Status.Attached {
+		res.Attached = true
+		return nil
+	}
+	if e := va.Status.AttachError; e != nil {
+		return &reconciler.AttachError{Message: e.Message}
+	}
+	return nil
+}
+
+// NewAttachment returns the VolumeAttachment that attaches spec to node.
+func NewAttachment(name string, spec *volume.Spec, node string) *storagev1.VolumeAttachment {
+	va := &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: storagev1.VolumeAttachmentSpec{
+			Attacher: spec.Driver,
+			NodeName: node,
+		},
+	}
+	if spec.PVName != "" {
+		pv := spec.PVName
+		va.Spec.Source.PersistentVolumeName = &pv
+	} else {
+		va.Spec.Source.InlineVolumeSpec = spec.InlineSpec
+	}
+	return va
+}
+
+// Detach deletes the VolumeAttachment; done once it is gone.
+func (c *CSI) Detach(ctx context.Context, a cache.Attachment) (bool, error) {
+	name := a.AttachmentName
+	if name == "" {
+		_, driver, handle := volume.Parse(a.Volume)
+		name = volume.AttachmentName(handle, driver, a.Node)
+	}
+	va, err := c.attachments.Get(name)
+	if apierrors.IsNotFound(err) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("get VolumeAttachment %s: %w", name, err)
+	}
+	if va.DeletionTimestamp != nil {
+		if e := va.Status.DetachError; e != nil {
+			return false, fmt.Errorf("VolumeAttachment %s: %s", name, e.Message)
+		}
+		return false, nil
+	}
+	uid := va.UID
+	err = c.client.StorageV1().VolumeAttachments().Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("delete VolumeAttachment %s: %w", name, err)
+	}
+	return false, nil
+}

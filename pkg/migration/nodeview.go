@@ -1,0 +1,210 @@
+// Package migration decides, per node, whether the volumes of a migratable
+// in-tree plugin (kubernetes.io/aws-ebs, ...) are attached through the
+// plugin's CSI driver or the in-tree way.
+//
+// The answer comes from what the node's kubelet reports:
+//
+//   - CSINode (storage.k8s.io/v1): the annotation
+//     storage.alpha.kubernetes.io/migrated-plugins lists the migrated plugins
+//     and spec.drivers the registered CSI drivers. kubelet rewrites it at
+//     every start, so it wins whenever it exists.
+//   - CSINodeInfo (csi.storage.k8s.io/v1alpha1, a CRD of old clusters):
+//     status.drivers[] says per driver whether it is available and which
+//     mechanism handles the plugin's volumes. Read only without a CSINode.
+//
+// With neither, the answer is not "in-tree" but "not yet": a
+// NodeInfoMissingError, so that nothing is attached (or detached) under a
+// name the node may not use.
+package migration
+
+import (
+	"fmt"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
+	"k8s.io/client-go/tools/cache"
+	csitrans "k8s.io/csi-translation-lib"
+	csiplugins "k8s.io/csi-translation-lib/plugins"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+// Where a Decision comes from.
+const (
+	// SourceNone: the plugin is never migrated; nothing was looked up.
+	SourceNone = ""
+	// SourceCSINode: the node's CSINode.
+	SourceCSINode = "CSINode"
+	// SourceCSINodeInfo: the node's CSINodeInfo (no CSINode exists).
+	SourceCSINodeInfo = "CSINodeInfo"
+	// SourceMigrationComplete: the plugin was configured as migrated
+	// everywhere (WithCompletedMigrations); nothing was looked up.
+	SourceMigrationComplete = "MigrationComplete"
+)
+
+// Decision is how one node handles one in-tree plugin's volumes, and why.
+type Decision struct {
+	// Kind is empty when the decision failed.
+	Kind volume.Kind
+	// Driver is the CSI driver replacing the plugin; empty if it has none.
+	Driver string
+	// Source is the object (or rule) the decision was read from.
+	Source string
+}
+
+// NodeView answers, from informer caches, which mechanism each node uses for
+// each in-tree plugin. It is safe for concurrent use.
+type NodeView struct {
+	csiNodes     storagelisters.CSINodeLister
+	csiNodeInfos cache.GenericLister
+	completed    map[string]bool
+	translator   csitrans.CSITranslator
+}
+
+// Option configures a NodeView.
+type Option func(*NodeView)
+
+// WithCompletedMigrations makes plugins always handled through CSI, on every
+// node, without looking at CSINode or CSINodeInfo. kube-controller-manager
+// does so for the plugins whose in-tree code is gone (see
+// UpstreamCompletedMigrations).
+func WithCompletedMigrations(plugins ...string) Option {
+	return func(v *NodeView) {
+		for _, p := range plugins {
+			v.completed[p] = true
+		}
+	}
+}
+
+// UpstreamCompletedMigrations lists the plugins kube-controller-manager v1.36
+// treats as migrated on every node (its csimigration.PluginManager
+// IsMigrationCompleteForPlugin with default feature gates). Portworx is not
+// among them: it stays decided per node.
+func UpstreamCompletedMigrations() []string {
+	return []string{
+		csiplugins.AWSEBSInTreePluginName,
+		csiplugins.GCEPDInTreePluginName,
+		csiplugins.AzureDiskInTreePluginName,
+		csiplugins.AzureFileInTreePluginName,
+		csiplugins.CinderInTreePluginName,
+		csiplugins.VSphereInTreePluginName,
+	}
+}
+
+// NewNodeView reads CSINodes from csiNodes and, when csiNodeInfos is not nil
+// (the CSINodeInfo CRD is installed), CSINodeInfo objects as unstructured
+// objects from a dynamic informer's lister.
+func NewNodeView(csiNodes storagelisters.CSINodeLister, csiNodeInfos cache.GenericLister, opts ...Option) *NodeView {
+	v := &NodeView{
+		csiNodes:     csiNodes,
+		csiNodeInfos: csiNodeInfos,
+		completed:    map[string]bool{},
+		translator:   csitrans.New(),
+	}
+	for _, o := range opts {
+		o(v)
+	}
+	return v
+}
+
+var _ volume.Decider = (*NodeView)(nil).Decide
+
+// Decide is a volume.Decider: the Kind of Decision.
+func (v *NodeView) Decide(node, inTreePlugin string) (volume.Kind, error) {
+	d, err := v.Decision(node, inTreePlugin)
+	return d.Kind, err
+}
+
+// Decision tells how node handles the volumes of plugin. On error the
+// Decision still carries Driver and Source when they are known.
+func (v *NodeView) Decision(node, plugin string) (Decision, error) {
+	if !v.translator.IsMigratableIntreePluginByName(plugin) {
+		return Decision{Kind: volume.KindInTree, Source: SourceNone}, nil
+	}
+	driver, err := v.translator.GetCSINameFromInTreeName(plugin)
+	if err != nil {
+		return Decision{}, fmt.Errorf("find CSI driver of in-tree plugin %s: %w", plugin, err)
+	}
+	if v.completed[plugin] {
+		return Decision{Kind: volume.KindCSI, Driver: driver, Source: SourceMigrationComplete}, nil
+	}
+
+	if v.csiNodes != nil {
+		csiNode, err := v.csiNodes.Get(node)
+		switch {
+		case err == nil:
+			return decideFromCSINode(csiNode, plugin, driver)
+		case !apierrors.IsNotFound(err):
+			return Decision{Driver: driver, Source: SourceCSINode}, fmt.Errorf("get CSINode %s: %w", node, err)
+		}
+	}
+
+	objects := []string{SourceCSINode}
+	if v.csiNodeInfos != nil {
+		objects = append(objects, SourceCSINodeInfo)
+		obj, err := v.csiNodeInfos.Get(node)
+		switch {
+		case err == nil:
+			return decideFromCSINodeInfo(obj, node, driver)
+		case !apierrors.IsNotFound(err):
+			return Decision{Driver: driver, Source: SourceCSINodeInfo}, fmt.Errorf("get CSINodeInfo %s: %w", node, err)
+		}
+	}
+	return Decision{Driver: driver}, &NodeInfoMissingError{Node: node, Plugin: plugin, Objects: objects}
+}
+
+func decideFromCSINode(csiNode *storagev1.CSINode, plugin, driver string) (Decision, error) {
+	d := Decision{Driver: driver, Source: SourceCSINode}
+	if !migratedPlugins(csiNode)[plugin] {
+		d.Kind = volume.KindInTree
+		return d, nil
+	}
+	for _, installed := range csiNode.Spec.Drivers {
+		if installed.Name == driver {
+			d.Kind = volume.KindCSI
+			return d, nil
+		}
+	}
+	return d, &DriverNotInstalledError{Plugin: plugin, Node: csiNode.Name, Driver: driver}
+}
+
+func migratedPlugins(csiNode *storagev1.CSINode) map[string]bool {
+	set := map[string]bool{}
+	for _, p := range strings.Split(csiNode.Annotations[v1.MigratedPluginsAnnotationKey], ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			set[p] = true
+		}
+	}
+	return set
+}
+
+func decideFromCSINodeInfo(obj runtime.Object, node, driver string) (Decision, error) {
+	d := Decision{Driver: driver, Source: SourceCSINodeInfo}
+	info, err := ParseCSINodeInfo(obj)
+	if err != nil {
+		return d, err
+	}
+	status, ok := info.driverStatus(driver)
+	if !ok {
+		// The driver never registered there: the node still uses in-tree.
+		d.Kind = volume.KindInTree
+		return d, nil
+	}
+	switch status.VolumePluginMechanism {
+	case MechanismInTree:
+		d.Kind = volume.KindInTree
+		return d, nil
+	case MechanismCSI:
+		if !status.Available {
+			return d, &DriverNotAvailableError{Driver: driver, Node: node}
+		}
+		d.Kind = volume.KindCSI
+		return d, nil
+	default:
+		return d, fmt.Errorf("CSINodeInfo %s: driver %s has unknown volumePluginMechanism %q", info.Name, driver, status.VolumePluginMechanism)
+	}
+}

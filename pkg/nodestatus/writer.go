@@ -1,0 +1,74 @@
+// Package nodestatus writes node.status.volumesAttached: the list kubelet
+// waits on before it mounts a volume. One patch of the status subresource
+// carries every change pending for a node; a volume being detached leaves the
+// list, and the write is confirmed, before its detach may start.
+package nodestatus
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+)
+
+// Writer brings node.status.volumesAttached in line with the actual state.
+type Writer struct {
+	client kubernetes.Interface
+	nodes  corelisters.NodeLister
+	actual *cache.ActualState
+}
+
+// NewWriter returns a Writer.
+func NewWriter(client kubernetes.Interface, nodes corelisters.NodeLister, actual *cache.ActualState) *Writer {
+	return &Writer{client: client, nodes: nodes, actual: actual}
+}
+
+// Sync writes the node's report if it changed. It returns the keys whose
+// reported flag changed, for the caller to re-queue (a withdrawn volume may
+// now be detached).
+func (w *Writer) Sync(ctx context.Context, node string) ([]cache.Key, error) {
+	want, changed := w.actual.BeginReport(node)
+	if !changed {
+		return nil, nil
+	}
+	if _, err := w.nodes.Get(node); apierrors.IsNotFound(err) {
+		// No Node object, no status to write: nothing is reported.
+		return w.actual.EndReport(node, nil, true), nil
+	}
+	patch, err := Patch(want)
+	if err != nil {
+		return w.actual.EndReport(node, want, false), err
+	}
+	_, err = w.client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
+	switch {
+	case apierrors.IsNotFound(err):
+		return w.actual.EndReport(node, nil, true), nil
+	case err != nil:
+		return w.actual.EndReport(node, want, false), fmt.Errorf("patch node %s status: %w", node, err)
+	}
+	klog.FromContext(ctx).V(2).Info("Updated node status", "volumesAttached", len(want))
+	return w.actual.EndReport(node, want, true), nil
+}
+
+// Patch returns the merge patch that sets node.status.volumesAttached to
+// exactly want (a merge patch replaces a list whole).
+func Patch(want []v1.AttachedVolume) ([]byte, error) {
+	var list any = want
+	if len(want) == 0 {
+		list = nil
+	}
+	b, err := json.Marshal(map[string]any{"status": map[string]any{"volumesAttached": list}})
+	if err != nil {
+		return nil, fmt.Errorf("encode node status patch: %w", err)
+	}
+	return b, nil
+}

@@ -1,0 +1,153 @@
+package reconciler
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+// Action is what the reconciler does for one key.
+type Action string
+
+const (
+	// Nothing: the volume is where it should be.
+	Nothing Action = "nothing"
+	// Attach: attach the volume (or check on an attach under way).
+	Attach Action = "attach"
+	// Withdraw: take the volume out of node.status.volumesAttached, the
+	// first step of a detach.
+	Withdraw Action = "withdraw"
+	// Detach: start the detach.
+	Detach Action = "detach"
+	// Wait: something outside must happen first (an unmount, an attacher, a
+	// node status write, the max wait for unmount).
+	Wait Action = "wait"
+	// Blocked: the volume can't be attached until something changes
+	// (single-node access, undecided mechanism).
+	Blocked Action = "blocked"
+)
+
+// Force reasons, as the forced detach metric labels them.
+const (
+	ForceTimeout      = "timeout"
+	ForceOutOfService = "out-of-service"
+)
+
+// Decision is the reconciler's verdict on one key, and the reason for it in
+// words a user can act on.
+type Decision struct {
+	Key    cache.Key
+	Action Action
+	Reason string
+	// After, with Wait, is when to look again (the max wait for unmount).
+	After time.Duration
+	// Force, with Withdraw or Detach, says why a mounted volume is detached.
+	Force string
+	// Desired: some pod wants the volume here; Spec and Pods say what and who.
+	Desired bool
+	Spec    *volume.Spec
+	Pods    []cache.PodRef
+	// Attachment is the actual state, when there is one.
+	Attachment    cache.Attachment
+	HasAttachment bool
+	// Elsewhere lists the other nodes holding a single-node volume.
+	Elsewhere []cache.Key
+}
+
+func (d Decision) String() string {
+	return fmt.Sprintf("%s: %s", d.Action, d.Reason)
+}
+
+// Decide composes the answer to "what should happen to volume V on node N,
+// and why is it not attached (or detached) right now". It reads the caches
+// only and changes nothing.
+func (r *Reconciler) Decide(k cache.Key, now time.Time) Decision {
+	d := Decision{Key: k}
+	d.Spec, d.Pods, d.Desired = r.desired.Get(k)
+	d.Attachment, d.HasAttachment = r.actual.Get(k)
+	node, known := r.actual.Node(k.Node)
+	if known && node.Exists && !node.Managed {
+		return d.with(Nothing, "node %s is not managed by this controller (no %s annotation)", k.Node, "volumes.kubernetes.io/controller-managed-attach-detach")
+	}
+	if d.Desired {
+		return r.decideAttach(d, node)
+	}
+	return r.decideDetach(d, node, now)
+}
+
+func (r *Reconciler) decideAttach(d Decision, node cache.NodeInfo) Decision {
+	k := d.Key
+	if d.HasAttachment {
+		switch d.Attachment.State {
+		case cache.Attached:
+			return d.with(Nothing, "attached")
+		case cache.Detaching:
+			return d.with(Wait, "a detach from node %s is still in progress; the volume is attached again once it completes", k.Node)
+		default:
+			return d.with(Attach, "attach in progress")
+		}
+	}
+	for _, alias := range d.Spec.Aliases {
+		if a, ok := r.actual.Get(cache.Key{Volume: alias, Node: k.Node}); ok && a.State != cache.Detaching {
+			return d.with(Nothing, "attached as %s by the %s mechanism", alias, a.Kind)
+		}
+	}
+	if d.Spec.Pending != "" {
+		return d.with(Blocked, "%s", d.Spec.Pending)
+	}
+	if elsewhere := singleNodeAccessConflict(d.Spec, k.Node, r.actual); len(elsewhere) > 0 {
+		d.Elsewhere = elsewhere
+		return d.with(Blocked, "volume is already exclusively attached to node %s and can't be attached to another", nodesOf(elsewhere))
+	}
+	return d.with(Attach, "not attached yet")
+}
+
+func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time) Decision {
+	k := d.Key
+	if !d.HasAttachment {
+		return d.with(Nothing, "neither wanted nor attached")
+	}
+	if r.desired.Wanted(k) {
+		return d.with(Nothing, "wanted under another name by a pod on node %s", k.Node)
+	}
+	if d.Attachment.State == cache.Detaching {
+		if d.Attachment.DetachError != "" {
+			return d.with(Wait, "detach in progress, last error: %s", d.Attachment.DetachError)
+		}
+		return d.with(Wait, "detach in progress")
+	}
+	wanted := d.Attachment.DetachWanted
+	if wanted.IsZero() {
+		wanted = now
+	}
+	force, wait, reason := safeToDetach(k, node, wanted, now, r.cfg)
+	if reason != "" {
+		d.After = wait
+		return d.with(Wait, "%s", reason)
+	}
+	d.Force = force
+	if !d.Attachment.Withdrawn && (d.Attachment.Reported || d.Attachment.State == cache.Attached) {
+		return d.with(Withdraw, "no pod wants it; removing it from node %s status before the detach", k.Node)
+	}
+	if d.Attachment.Reported || r.actual.ReportInFlight(k.Node) {
+		return d.with(Wait, "waiting for node %s status to stop listing the volume before the detach", k.Node)
+	}
+	return d.with(Detach, "no pod wants it")
+}
+
+func (d Decision) with(a Action, format string, args ...any) Decision {
+	d.Action = a
+	d.Reason = fmt.Sprintf(format, args...)
+	return d
+}
+
+func nodesOf(keys []cache.Key) string {
+	names := make([]string, 0, len(keys))
+	for _, k := range keys {
+		names = append(names, k.Node)
+	}
+	return strings.Join(names, ", ")
+}

@@ -1,0 +1,333 @@
+// Package reconciler decides and acts, one volume on one node at a time.
+//
+// Sync(key) compares the desired and actual state of that key, applies the
+// safety rules (rules.go: one function per rule), and then asks the volume's
+// mechanism to attach or detach. It never waits for an outcome: mechanisms
+// that work asynchronously (CSI: the external-attacher acts on a
+// VolumeAttachment) report back through the actual state, which re-queues
+// the key. Timers are returned as Result.RequeueAfter, never slept on.
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+// Mechanism attaches and detaches volumes of one kind. Two implementations
+// exist: CSI (VolumeAttachment objects) and in-tree attacher plugins.
+type Mechanism interface {
+	// Attach attaches spec to node, or starts or checks an attach that
+	// completes later. It is idempotent.
+	Attach(ctx context.Context, spec *volume.Spec, node string) (AttachResult, error)
+	// Detach detaches a, or starts doing so; done is true once it is detached.
+	Detach(ctx context.Context, a cache.Attachment) (done bool, err error)
+}
+
+// AttachResult is what an attach call learned.
+type AttachResult struct {
+	// Attached is true when the volume is attached now.
+	Attached   bool
+	DevicePath string
+	// AttachmentName names the VolumeAttachment of a CSI attach.
+	AttachmentName string
+}
+
+// AttachError is an error the attacher reported for the volume (for CSI,
+// VolumeAttachment.status.attachError): the attach is under way and failing.
+type AttachError struct{ Message string }
+
+func (e *AttachError) Error() string { return e.Message }
+
+// Config holds the safety settings.
+type Config struct {
+	// MaxWaitForUnmount is how long a volume still mounted on an unhealthy
+	// node is waited for before it is detached anyway.
+	MaxWaitForUnmount time.Duration
+	// DisableForceDetachOnTimeout keeps mounted volumes of unhealthy nodes
+	// attached however long it takes (the out-of-service taint still works).
+	DisableForceDetachOnTimeout bool
+}
+
+// Result tells the caller what to schedule after a Sync.
+type Result struct {
+	// RequeueAfter, when not zero, asks to sync the key again after it.
+	RequeueAfter time.Duration
+	// WriteNodeStatus asks for the node's status report to be rewritten.
+	WriteNodeStatus bool
+}
+
+// Reconciler drives the actual state towards the desired state.
+type Reconciler struct {
+	desired    *cache.DesiredState
+	actual     *cache.ActualState
+	mechanisms map[volume.Kind]Mechanism
+	recorder   record.EventRecorder
+	metrics    *metrics.Metrics
+	cfg        Config
+	now        func() time.Time
+
+	// told remembers, per key, the last warning posted to its pods, so that
+	// each is posted once and not at every retry.
+	mu   sync.Mutex
+	told map[cache.Key]string
+}
+
+// New returns a Reconciler. mechanisms maps each volume kind to the
+// mechanism that attaches it.
+func New(desired *cache.DesiredState, actual *cache.ActualState, mechanisms map[volume.Kind]Mechanism,
+	recorder record.EventRecorder, m *metrics.Metrics, cfg Config) *Reconciler {
+	return &Reconciler{
+		desired:    desired,
+		actual:     actual,
+		mechanisms: mechanisms,
+		recorder:   recorder,
+		metrics:    m,
+		cfg:        cfg,
+		now:        time.Now,
+		told:       map[cache.Key]string{},
+	}
+}
+
+// Sync reconciles one volume on one node.
+func (r *Reconciler) Sync(ctx context.Context, k cache.Key) (Result, error) {
+	logger := klog.FromContext(ctx)
+	now := r.now()
+	d := r.Decide(k, now)
+	logger.V(4).Info("Decided", "action", d.Action, "reason", d.Reason)
+	switch d.Action {
+	case Nothing:
+		return r.settle(d), nil
+	case Attach:
+		return r.attach(ctx, d, now)
+	case Blocked:
+		r.warnOnce(d, "FailedAttachVolume", blockedMessage(d))
+		if len(d.Elsewhere) > 0 {
+			// The other node's detach re-queues this key.
+			return Result{}, nil
+		}
+		// The mechanism is undecided: retry with backoff; the arrival of the
+		// node's information re-queues the key at once.
+		return Result{}, fmt.Errorf("volume %s on node %s: %s", k.Volume, k.Node, d.Reason)
+	case Wait:
+		r.markDetachWanted(d, now)
+		return Result{RequeueAfter: d.After}, nil
+	case Withdraw:
+		r.actual.Update(k, false, func(a *cache.Attachment) {
+			a.Withdrawn = true
+			if a.DetachWanted.IsZero() {
+				a.DetachWanted = now
+			}
+		})
+		logger.V(2).Info("Removing volume from node status before detach", "reason", d.Reason)
+		return Result{WriteNodeStatus: true}, nil
+	case Detach:
+		return r.detach(ctx, d, now)
+	}
+	return Result{}, fmt.Errorf("unknown action %q", d.Action)
+}
+
+// settle finishes a key that needs no operation: an attached volume wanted
+// again is put back in the node's report, and a first attach is announced.
+func (r *Reconciler) settle(d Decision) Result {
+	var res Result
+	if !d.HasAttachment || !d.Desired {
+		r.forget(d.Key)
+		return res
+	}
+	a := d.Attachment
+	if a.Withdrawn || !a.DetachWanted.IsZero() {
+		r.actual.Update(d.Key, false, func(a *cache.Attachment) {
+			a.Withdrawn = false
+			a.DetachWanted = time.Time{}
+		})
+		res.WriteNodeStatus = a.Withdrawn
+	}
+	if a.State == cache.Attached && !a.Announced() {
+		r.announceAttached(d)
+		res.WriteNodeStatus = true
+	}
+	r.forget(d.Key)
+	return res
+}
+
+func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Result, error) {
+	logger := klog.FromContext(ctx)
+	spec := d.Spec
+	mech, ok := r.mechanisms[spec.Kind]
+	if !ok {
+		return Result{}, fmt.Errorf("no mechanism attaches volumes of kind %q", spec.Kind)
+	}
+	res, err := mech.Attach(ctx, spec, d.Key.Node)
+	r.actual.Update(d.Key, true, func(a *cache.Attachment) {
+		a.Kind = spec.Kind
+		a.PluginName = spec.PluginName
+		a.Spec = spec
+		if res.AttachmentName != "" {
+			a.AttachmentName = res.AttachmentName
+		}
+		if a.AttachStarted.IsZero() && a.State != cache.Attached {
+			a.AttachStarted = now
+		}
+		a.Withdrawn = false
+		a.DetachWanted = time.Time{}
+		if err != nil {
+			a.AttachError = err.Error()
+			return
+		}
+		a.AttachError = ""
+		if res.Attached {
+			a.State = cache.Attached
+			a.DevicePath = res.DevicePath
+		}
+	})
+	if err != nil {
+		r.metrics.AttachErrors.WithLabelValues(pluginLabel(spec)).Inc()
+		r.warnOnce(d, "FailedAttachVolume", fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", displayName(spec), err))
+		var ae *AttachError
+		if errors.As(err, &ae) {
+			return Result{}, fmt.Errorf("attach %s to node %s: %w", d.Key.Volume, d.Key.Node, err)
+		}
+		return Result{}, fmt.Errorf("attach %s to node %s: %w", d.Key.Volume, d.Key.Node, err)
+	}
+	if !res.Attached {
+		logger.V(2).Info("Attach started", "attachment", res.AttachmentName)
+		return Result{}, nil
+	}
+	a, _ := r.actual.Get(d.Key)
+	d.Attachment, d.HasAttachment = a, true
+	r.announceAttached(d)
+	r.forget(d.Key)
+	return Result{WriteNodeStatus: true}, nil
+}
+
+func (r *Reconciler) detach(ctx context.Context, d Decision, now time.Time) (Result, error) {
+	logger := klog.FromContext(ctx)
+	a := d.Attachment
+	kind := a.Kind
+	if kind == "" {
+		kind = kindOfName(a.Volume)
+	}
+	mech, ok := r.mechanisms[kind]
+	if !ok {
+		return Result{}, fmt.Errorf("no mechanism detaches volumes of kind %q", kind)
+	}
+	done, err := mech.Detach(ctx, a)
+	if err != nil {
+		r.actual.Update(d.Key, false, func(a *cache.Attachment) { a.DetachError = err.Error() })
+		r.metrics.ObserveOperation(volume.MetricPluginName(a.Volume), metrics.OperationDetach, migrated(a), false, 0)
+		return Result{}, fmt.Errorf("detach %s from node %s: %w", a.Volume, a.Node, err)
+	}
+	if d.Force != "" {
+		r.metrics.ForcedDetaches.WithLabelValues(d.Force).Inc()
+		logger.Info("Forcing detach of a volume still mounted", "reason", d.Force)
+	} else {
+		logger.V(2).Info("Detaching volume", "reason", d.Reason)
+	}
+	if done {
+		r.actual.Delete(d.Key)
+		r.metrics.ObserveOperation(volume.MetricPluginName(a.Volume), metrics.OperationDetach, migrated(a), true, 0)
+		r.forget(d.Key)
+		return Result{}, nil
+	}
+	r.actual.Update(d.Key, false, func(a *cache.Attachment) {
+		a.State = cache.Detaching
+		if a.DetachStarted.IsZero() {
+			a.DetachStarted = now
+		}
+	})
+	return Result{}, nil
+}
+
+// markDetachWanted starts the max wait for unmount the first time a volume
+// nobody wants is seen attached.
+func (r *Reconciler) markDetachWanted(d Decision, now time.Time) {
+	if d.Desired || !d.HasAttachment || !d.Attachment.DetachWanted.IsZero() {
+		return
+	}
+	r.actual.Update(d.Key, false, func(a *cache.Attachment) {
+		if a.DetachWanted.IsZero() {
+			a.DetachWanted = now
+		}
+	})
+}
+
+func (r *Reconciler) announceAttached(d Decision) {
+	a := d.Attachment
+	if !a.AttachStarted.IsZero() {
+		r.metrics.ObserveOperation(pluginLabel(d.Spec), metrics.OperationAttach, d.Spec.Migrated, true, r.now().Sub(a.AttachStarted))
+	}
+	r.actual.Update(d.Key, false, func(a *cache.Attachment) { a.AttachStarted = time.Time{} })
+	msg := fmt.Sprintf("AttachVolume.Attach succeeded for volume %q ", displayName(d.Spec))
+	for _, p := range d.Pods {
+		r.recorder.Event(podReference(p), v1.EventTypeNormal, "SuccessfulAttachVolume", msg)
+	}
+}
+
+// warnOnce posts a Warning event to the key's pods unless the same message
+// was already posted for it.
+func (r *Reconciler) warnOnce(d Decision, reason, msg string) {
+	r.mu.Lock()
+	if r.told[d.Key] == msg {
+		r.mu.Unlock()
+		return
+	}
+	r.told[d.Key] = msg
+	r.mu.Unlock()
+	for _, p := range d.Pods {
+		r.recorder.Event(podReference(p), v1.EventTypeWarning, reason, msg)
+	}
+}
+
+func (r *Reconciler) forget(k cache.Key) {
+	r.mu.Lock()
+	delete(r.told, k)
+	r.mu.Unlock()
+}
+
+func blockedMessage(d Decision) string {
+	name := displayName(d.Spec)
+	if len(d.Elsewhere) > 0 {
+		return fmt.Sprintf("Multi-Attach error for volume %q Volume is already exclusively attached to one node and can't be attached to another", name)
+	}
+	return fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", name, d.Spec.Pending)
+}
+
+func podReference(p cache.PodRef) *v1.ObjectReference {
+	return &v1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: p.Namespace, Name: p.Name, UID: typesUID(p.UID)}
+}
+
+// displayName is the volume name upstream's events use: the PV's name, or
+// the pod volume's name for an inline volume.
+func displayName(s *volume.Spec) string {
+	switch {
+	case s.PVName != "":
+		return s.PVName
+	case s.Inline != nil:
+		return s.Inline.Name
+	}
+	return string(s.Name)
+}
+
+func pluginLabel(s *volume.Spec) string { return volume.MetricPluginName(s.Name) }
+
+func migrated(a cache.Attachment) bool { return a.Spec != nil && a.Spec.Migrated }
+
+// kindOfName picks the mechanism of an attachment known only by its name
+// (recovered from node.status).
+func kindOfName(name volume.Name) volume.Kind {
+	if plugin, _, _ := volume.Parse(name); plugin == volume.CSIPluginName {
+		return volume.KindCSI
+	}
+	return volume.KindInTree
+}
