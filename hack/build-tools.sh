@@ -17,7 +17,8 @@
 # the server does not compile inside hack/tools itself.
 set -euo pipefail
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+script="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
+repo_root="$(dirname "$(dirname "${script}")")"
 cd "${repo_root}"
 
 tools_dir="hack/tools"
@@ -76,7 +77,7 @@ for name in "$@"; do
   package_for "${name}" >/dev/null || { echo "unknown tool: ${name}" >&2; usage; }
 done
 
-base_stamp="$(cat "${tools_dir}/go.mod" "${tools_dir}/go.sum" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1)"
+base_stamp="$(cat "${tools_dir}/go.mod" "${tools_dir}/go.sum" "${script}" | sha256sum | cut -d' ' -f1)"
 mkdir -p "${bin_dir}"
 
 stamp_for() {

@@ -178,8 +178,9 @@ func New(cfg Config) (*Controller, error) {
 }
 
 // Run starts the informers, rebuilds the state, and runs the workers until
-// ctx is cancelled. It returns once every worker has stopped.
-func (c *Controller) Run(ctx context.Context) error {
+// ctx is cancelled; onReady is called once the state is rebuilt. It returns
+// once every worker has stopped.
+func (c *Controller) Run(ctx context.Context, onReady func()) error {
 	logger := klog.FromContext(ctx)
 	defer c.shutdownQueues()
 	c.factory.Start(ctx.Done())
@@ -210,6 +211,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		wg.Go(func() { wait.UntilWithContext(ctx, c.periodicSync, c.cfg.SyncPeriod) })
 	}
 	logger.Info("Started", "workers", c.cfg.Workers)
+	if onReady != nil {
+		onReady()
+	}
 	<-ctx.Done()
 	c.shutdownQueues()
 	wg.Wait()

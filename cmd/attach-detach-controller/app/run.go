@@ -1,0 +1,311 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/controller"
+	"github.com/kube-attach/attach-detach-controller/pkg/intree"
+	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
+	"github.com/kube-attach/attach-detach-controller/pkg/migration"
+	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
+)
+
+// Retry policy after a failed operation, as upstream: 500ms doubling, capped
+// at 2m2s, reset on success.
+const (
+	retryBase = 500 * time.Millisecond
+	retryMax  = 2*time.Minute + 2*time.Second
+)
+
+// Run runs the controller until ctx is cancelled; with leader election, only
+// while it holds the lease. It returns once everything has stopped and the
+// lease is released.
+func Run(ctx context.Context, o *Options) error {
+	logger := klog.FromContext(ctx)
+	logger.Info("Starting attach-detach-controller", "version", Version)
+	config, err := restConfig(o)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	clientMetrics, err := metrics.NewClientMetrics(reg)
+	if err != nil {
+		return fmt.Errorf("register client metrics: %w", err)
+	}
+	clientMetrics.Install()
+
+	client, err := kubernetes.NewForConfig(rest.AddUserAgent(config, "attach-detach-controller"))
+	if err != nil {
+		return fmt.Errorf("create client: %w", err)
+	}
+	var healthz *leaderelection.HealthzAdaptor
+	var ready atomic.Bool
+	if o.LeaderElection.LeaderElect {
+		healthz = leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
+	}
+	stopHTTP, err := serveHTTP(ctx, o.HTTPEndpoint, reg, healthz, &ready, o.LeaderElection.LeaderElect)
+	if err != nil {
+		return err
+	}
+	defer stopHTTP()
+
+	runController := func(ctx context.Context) error {
+		c, err := newController(ctx, o, config, client, reg)
+		if err != nil {
+			return err
+		}
+		return c.Run(ctx, &ready)
+	}
+	if !o.LeaderElection.LeaderElect {
+		return runController(ctx)
+	}
+	return runLeading(ctx, o, config, healthz, runController)
+}
+
+func restConfig(o *Options) (*rest.Config, error) {
+	var config *rest.Config
+	var err error
+	if o.Kubeconfig == "" {
+		config, err = rest.InClusterConfig()
+	} else {
+		config, err = clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load client configuration: %w", err)
+	}
+	config.QPS = o.QPS
+	config.Burst = o.Burst
+	return config, nil
+}
+
+// controllerRun is the controller with its event broadcaster, so that both
+// stop together.
+type controllerRun struct {
+	c           *controller.Controller
+	broadcaster record.EventBroadcaster
+}
+
+func (r *controllerRun) Run(ctx context.Context, ready *atomic.Bool) error {
+	defer r.broadcaster.Shutdown()
+	return r.c.Run(ctx, func() { ready.Store(true) })
+}
+
+func newController(ctx context.Context, o *Options, config *rest.Config, client kubernetes.Interface, reg prometheus.Registerer) (*controllerRun, error) {
+	logger := klog.FromContext(ctx)
+	dyn, err := dynamic.NewForConfig(config)
+	if err != nil {
+		return nil, fmt.Errorf("create dynamic client: %w", err)
+	}
+	installed, err := csiNodeInfoInstalled(client.Discovery())
+	if err != nil {
+		return nil, err
+	}
+	logger.Info("CSINodeInfo support", "crdInstalled", installed)
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "attachdetach-controller"})
+	m := metrics.New()
+	if err := m.Register(reg); err != nil {
+		return nil, fmt.Errorf("register metrics: %w", err)
+	}
+	c, err := controller.New(controller.Config{
+		Client:               client,
+		Dynamic:              dyn,
+		CSINodeInfoInstalled: installed,
+		Recorder:             recorder,
+		Metrics:              m,
+		Registerer:           reg,
+		Reconciler: reconciler.Config{
+			MaxWaitForUnmount:           o.MaxWaitForUnmount,
+			DisableForceDetachOnTimeout: o.DisableForceDetachOnTimeout,
+		},
+		InTree:     intree.Builtin(),
+		Workers:    o.Workers,
+		SyncPeriod: syncPeriod(o),
+		RateLimiter: func() workqueue.TypedRateLimiter[cache.Key] {
+			return workqueue.NewTypedItemExponentialFailureRateLimiter[cache.Key](retryBase, retryMax)
+		},
+		NodeRateLimiter: func() workqueue.TypedRateLimiter[string] {
+			return workqueue.NewTypedItemExponentialFailureRateLimiter[string](retryBase, retryMax)
+		},
+	})
+	if err != nil {
+		broadcaster.Shutdown()
+		return nil, err
+	}
+	return &controllerRun{c: c, broadcaster: broadcaster}, nil
+}
+
+func syncPeriod(o *Options) time.Duration {
+	if o.DisableReconcileSync {
+		return 0
+	}
+	return o.ReconcileSyncPeriod
+}
+
+// csiNodeInfoInstalled asks discovery whether the CSINodeInfo CRD is served.
+func csiNodeInfoInstalled(d discovery.DiscoveryInterface) (bool, error) {
+	gv := migration.CSINodeInfoGVR.GroupVersion().String()
+	list, err := d.ServerResourcesForGroupVersion(gv)
+	if err != nil {
+		if isNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("discover %s: %w", gv, err)
+	}
+	for _, r := range list.APIResources {
+		if r.Name == migration.CSINodeInfoGVR.Resource {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// runLeading runs the controller while holding the lease. On ctx
+// cancellation the controller stops first, then the lease is released, so
+// a successor never overlaps with a controller still acting.
+func runLeading(ctx context.Context, o *Options, config *rest.Config, healthz *leaderelection.HealthzAdaptor,
+	run func(context.Context) error) error {
+	logger := klog.FromContext(ctx)
+	// A separate client, so that controller traffic can't starve renewals.
+	leClient, err := kubernetes.NewForConfig(rest.AddUserAgent(config, "attach-detach-controller-leader-election"))
+	if err != nil {
+		return fmt.Errorf("create leader election client: %w", err)
+	}
+	id := hostname() + "_" + randomSuffix()
+	lock, err := resourcelock.New(o.LeaderElection.ResourceLock, o.LeaderElection.ResourceNamespace, o.LeaderElection.ResourceName,
+		leClient.CoreV1(), leClient.CoordinationV1(), resourcelock.ResourceLockConfig{Identity: id})
+	if err != nil {
+		return fmt.Errorf("create leader election lock: %w", err)
+	}
+	electorCtx, stopElector := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopElector()
+	var leading atomic.Bool
+	var runErr error
+	done := make(chan struct{})
+	go func() {
+		// Not leading when asked to stop: stop campaigning at once.
+		select {
+		case <-ctx.Done():
+			if !leading.Load() {
+				stopElector()
+			}
+		case <-done:
+		}
+	}()
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		LeaseDuration:   o.LeaderElection.LeaseDuration.Duration,
+		RenewDeadline:   o.LeaderElection.RenewDeadline.Duration,
+		RetryPeriod:     o.LeaderElection.RetryPeriod.Duration,
+		ReleaseOnCancel: true,
+		Name:            o.LeaderElection.ResourceName,
+		WatchDog:        healthz,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(leCtx context.Context) {
+				leading.Store(true)
+				logger.Info("Became leader", "identity", id)
+				runCtx, cancel := context.WithCancel(ctx)
+				go func() {
+					select {
+					case <-leCtx.Done():
+					case <-runCtx.Done():
+					}
+					cancel()
+				}()
+				runErr = run(runCtx)
+				if ctx.Err() == nil && runErr == nil {
+					runErr = errLeaseLost
+				}
+				cancel()
+				stopElector()
+			},
+			OnStoppedLeading: func() {
+				logger.Info("Stopped leading", "identity", id)
+			},
+			OnNewLeader: func(identity string) {
+				if identity != id {
+					logger.Info("Another replica leads", "leader", identity)
+				}
+			},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("leader election: %w", err)
+	}
+	le.Run(electorCtx)
+	close(done)
+	if runErr != nil && !errors.Is(runErr, context.Canceled) {
+		return runErr
+	}
+	logger.Info("Exiting")
+	return nil
+}
+
+func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, healthz *leaderelection.HealthzAdaptor,
+	ready *atomic.Bool, leaderElect bool) (func(), error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if healthz != nil {
+			if err := healthz.Check(r); err != nil {
+				http.Error(w, "leader election: "+err.Error(), http.StatusInternalServerError)
+				return
+			}
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		// A standby replica is ready: it is ready to take over. The leader is
+		// ready once it has rebuilt its state.
+		if !leaderElect && !ready.Load() {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--http-endpoint %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			klog.FromContext(ctx).Error(err, "HTTP endpoint failed")
+		}
+	}()
+	klog.FromContext(ctx).Info("Serving HTTP", "address", ln.Addr().String())
+	return func() {
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}, nil
+}
