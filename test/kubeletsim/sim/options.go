@@ -1,0 +1,182 @@
+package sim
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+	csitrans "k8s.io/csi-translation-lib"
+)
+
+// Driver is one CSI driver registered in every node's CSINode.
+type Driver struct {
+	Name string
+	// NodeID is the driver's ID of the node; empty means the node's name.
+	NodeID string
+}
+
+// Options configure the simulator. The zero value is not usable: start
+// from NewOptions.
+type Options struct {
+	Kubeconfig   string
+	KubeAPIQPS   float64
+	KubeAPIBurst int
+
+	// Nodes are named NodePrefix + index, index from 0 to Nodes-1.
+	Nodes      int
+	NodePrefix string
+
+	CSIDrivers      []Driver
+	MigratedPlugins []string
+	// CSINodeDelay is how long after the nodes the CSINodes are created;
+	// 0 creates them with the nodes, a negative value never.
+	CSINodeDelay time.Duration
+	NoCSINode    bool
+
+	// ReportUnattached reports a volume in use as soon as a pod uses it,
+	// attached or not, like the real kubelet.
+	ReportUnattached bool
+	// DeleteTerminatingPods deletes (grace period 0) pods on the simulated
+	// nodes that have a deletionTimestamp, as kubelet does once their
+	// containers stopped and volumes are unmounted.
+	DeleteTerminatingPods bool
+	Workers               int
+}
+
+// NewOptions returns the defaults.
+func NewOptions() *Options {
+	return &Options{
+		KubeAPIQPS:            50,
+		KubeAPIBurst:          100,
+		Nodes:                 1,
+		NodePrefix:            "kubeletsim-node-",
+		DeleteTerminatingPods: true,
+		Workers:               4,
+	}
+}
+
+// AddFlags registers the flags on fs.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Path to a kubeconfig; empty uses the in-cluster config.")
+	fs.Float64Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "QPS of the API client.")
+	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of the API client.")
+	fs.IntVar(&o.Nodes, "nodes", o.Nodes, "Number of nodes to simulate.")
+	fs.StringVar(&o.NodePrefix, "node-prefix", o.NodePrefix, "Node names are this prefix followed by 0 ... nodes-1.")
+	fs.Var((*driversFlag)(&o.CSIDrivers), "csi-drivers", "Comma-separated CSI drivers of every CSINode, each name=nodeID, or name alone for nodeID = node name.")
+	fs.Var((*listFlag)(&o.MigratedPlugins), "migrated-plugins", "Comma-separated in-tree plugins (e.g. kubernetes.io/aws-ebs) the nodes handle through CSI: written to the CSINode annotation storage.alpha.kubernetes.io/migrated-plugins; their volumes are named by the translated CSI volume.")
+	fs.DurationVar(&o.CSINodeDelay, "csinode-delay", o.CSINodeDelay, "Create the CSINodes this long after the nodes; 0 with the nodes, negative never.")
+	fs.BoolVar(&o.NoCSINode, "no-csinode", o.NoCSINode, "Never create CSINodes (as a negative --csinode-delay).")
+	fs.BoolVar(&o.ReportUnattached, "report-unattached", o.ReportUnattached, "Report a volume in volumesInUse as soon as a pod uses it, attached or not (the real kubelet's behaviour). By default only attached volumes are reported.")
+	fs.BoolVar(&o.DeleteTerminatingPods, "delete-terminating-pods", o.DeleteTerminatingPods, "Delete (grace period 0) pods with a deletionTimestamp on the simulated nodes once their volumes are reported unmounted, as kubelet does.")
+	fs.IntVar(&o.Workers, "workers", o.Workers, "Nodes synced in parallel.")
+}
+
+// Validate checks the options.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.Nodes < 1 {
+		errs = append(errs, fmt.Errorf("--nodes must be >= 1, got %d", o.Nodes))
+	}
+	if o.Nodes >= 1 {
+		last := NodeName(o.NodePrefix, o.Nodes-1)
+		if msgs := validation.IsDNS1123Subdomain(last); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("--node-prefix %q gives invalid node names (%s): %s", o.NodePrefix, last, strings.Join(msgs, "; ")))
+		}
+	}
+	seen := map[string]bool{}
+	for _, d := range o.CSIDrivers {
+		if msgs := validation.IsDNS1123Subdomain(d.Name); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("--csi-drivers: invalid driver name %q: %s", d.Name, strings.Join(msgs, "; ")))
+		}
+		if seen[d.Name] {
+			errs = append(errs, fmt.Errorf("--csi-drivers: driver %q given twice", d.Name))
+		}
+		seen[d.Name] = true
+	}
+	translator := csitrans.New()
+	for _, p := range o.MigratedPlugins {
+		if !translator.IsMigratableIntreePluginByName(p) {
+			errs = append(errs, fmt.Errorf("--migrated-plugins: %q is not a migratable in-tree plugin", p))
+		}
+	}
+	if o.Workers < 1 {
+		errs = append(errs, fmt.Errorf("--workers must be >= 1, got %d", o.Workers))
+	}
+	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst < 1 {
+		errs = append(errs, fmt.Errorf("--kube-api-qps (%v) and --kube-api-burst (%d) must be positive", o.KubeAPIQPS, o.KubeAPIBurst))
+	}
+	return errors.Join(errs...)
+}
+
+// csiNodes says whether and after which delay CSINodes are created.
+func (o *Options) csiNodes() (delay time.Duration, create bool) {
+	if o.NoCSINode || o.CSINodeDelay < 0 {
+		return 0, false
+	}
+	return o.CSINodeDelay, true
+}
+
+// NodeName is the name of the i-th simulated node.
+func NodeName(prefix string, i int) string {
+	return fmt.Sprintf("%s%d", prefix, i)
+}
+
+// driversFlag parses "a=id1,b" into Drivers.
+type driversFlag []Driver
+
+func (f *driversFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	parts := make([]string, 0, len(*f))
+	for _, d := range *f {
+		if d.NodeID == "" {
+			parts = append(parts, d.Name)
+		} else {
+			parts = append(parts, d.Name+"="+d.NodeID)
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+func (f *driversFlag) Set(value string) error {
+	var drivers []Driver
+	for _, item := range strings.Split(value, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		name, nodeID, _ := strings.Cut(item, "=")
+		name, nodeID = strings.TrimSpace(name), strings.TrimSpace(nodeID)
+		if name == "" {
+			return fmt.Errorf("driver %q has no name", item)
+		}
+		drivers = append(drivers, Driver{Name: name, NodeID: nodeID})
+	}
+	*f = drivers
+	return nil
+}
+
+// listFlag parses a comma-separated list.
+type listFlag []string
+
+func (f *listFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	return strings.Join(*f, ",")
+}
+
+func (f *listFlag) Set(value string) error {
+	var items []string
+	for _, item := range strings.Split(value, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			items = append(items, item)
+		}
+	}
+	*f = items
+	return nil
+}

@@ -1,0 +1,478 @@
+// Package sim simulates the part of kubelet the attach/detach controller
+// talks to, for any number of nodes, with nothing but API calls.
+//
+// At start it registers the nodes (managed by the attach/detach controller,
+// Ready) and, now, later or never, their CSINodes. Then it plays the volume
+// manager: a volume a running pod on the node uses is "mounted" once the
+// controller lists it in node.status.volumesAttached, and is reported in
+// node.status.volumesInUse; when no pod uses it any more it is "unmounted"
+// and dropped from that list. Pods being deleted stop using their volumes at
+// once and are then deleted for good, as kubelet does.
+//
+// Volumes are named as kubelet names them (see Namer), so a controller that
+// reports a volume under another name never sees it in use, as with a real
+// kubelet.
+//
+// The work is one idempotent sync per node, driven by a queue fed by pod,
+// node, claim and PersistentVolume events; volumesInUse is written only when
+// it changes.
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+)
+
+// Index names of the informer caches.
+const (
+	podsByNode       = "spec.nodeName"
+	podsByClaim      = "claim"
+	claimsByVolumeID = "spec.volumeName"
+)
+
+// Simulator is the simulated kubelet of a set of nodes.
+type Simulator struct {
+	client    kubernetes.Interface
+	opts      Options
+	nodeNames []string
+	nodeSet   sets.Set[string]
+
+	factory    informers.SharedInformerFactory
+	pods       cache.Indexer
+	claims     cache.Indexer
+	nodeLister corelisters.NodeLister
+	namer      *Namer
+
+	queue workqueue.TypedRateLimitingInterface[string]
+}
+
+// New builds a Simulator; opts must have passed Validate. Call Run once.
+func New(client kubernetes.Interface, opts Options) (*Simulator, error) {
+	s := &Simulator{
+		client:  client,
+		opts:    opts,
+		nodeSet: sets.New[string](),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kubeletsim"},
+		),
+	}
+	for i := range opts.Nodes {
+		name := NodeName(opts.NodePrefix, i)
+		s.nodeNames = append(s.nodeNames, name)
+		s.nodeSet.Insert(name)
+	}
+
+	s.factory = informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTransform(stripManagedFields))
+	podInformer := s.factory.Core().V1().Pods().Informer()
+	claimInformer := s.factory.Core().V1().PersistentVolumeClaims().Informer()
+	pvInformer := s.factory.Core().V1().PersistentVolumes().Informer()
+	nodeInformer := s.factory.Core().V1().Nodes().Informer()
+
+	if err := podInformer.AddIndexers(cache.Indexers{podsByNode: s.indexPodByNode, podsByClaim: indexPodByClaim}); err != nil {
+		return nil, fmt.Errorf("add pod indexers: %w", err)
+	}
+	if err := claimInformer.AddIndexers(cache.Indexers{claimsByVolumeID: indexClaimByVolume}); err != nil {
+		return nil, fmt.Errorf("add claim indexers: %w", err)
+	}
+	s.pods = podInformer.GetIndexer()
+	s.claims = claimInformer.GetIndexer()
+	s.nodeLister = s.factory.Core().V1().Nodes().Lister()
+	s.namer = &Namer{
+		PVCs:     s.factory.Core().V1().PersistentVolumeClaims().Lister(),
+		PVs:      s.factory.Core().V1().PersistentVolumes().Lister(),
+		Migrated: sets.New(opts.MigratedPlugins...),
+	}
+
+	handlers := []struct {
+		informer cache.SharedIndexInformer
+		handler  cache.ResourceEventHandler
+		what     string
+	}{
+		{podInformer, cache.ResourceEventHandlerFuncs{
+			AddFunc:    s.onPod,
+			UpdateFunc: func(_, obj any) { s.onPod(obj) },
+			DeleteFunc: s.onPod,
+		}, "pod"},
+		{nodeInformer, cache.ResourceEventHandlerFuncs{
+			AddFunc:    s.onNodeAdd,
+			UpdateFunc: s.onNodeUpdate,
+		}, "node"},
+		{claimInformer, cache.ResourceEventHandlerFuncs{
+			AddFunc:    s.onClaim,
+			UpdateFunc: func(_, obj any) { s.onClaim(obj) },
+			DeleteFunc: s.onClaim,
+		}, "claim"},
+		{pvInformer, cache.ResourceEventHandlerFuncs{
+			AddFunc:    s.onPV,
+			UpdateFunc: func(_, obj any) { s.onPV(obj) },
+			DeleteFunc: s.onPV,
+		}, "PersistentVolume"},
+	}
+	for _, h := range handlers {
+		if _, err := h.informer.AddEventHandler(h.handler); err != nil {
+			return nil, fmt.Errorf("add %s event handler: %w", h.what, err)
+		}
+	}
+	return s, nil
+}
+
+// Run registers the nodes, then keeps their volumesInUse up to date until
+// ctx is cancelled. It returns nil once everything it started has stopped,
+// or the error that stopped it.
+func (s *Simulator) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer s.queue.ShutDown()
+
+	uids, err := s.registerNodes(ctx)
+	if err != nil {
+		return fmt.Errorf("register nodes: %w", err)
+	}
+
+	var wg sync.WaitGroup
+	// Informers stop with ctx; wait for them and every goroutine of ours.
+	defer func() {
+		cancel(nil)
+		s.queue.ShutDown()
+		wg.Wait()
+		s.factory.Shutdown()
+	}()
+
+	if delay, create := s.opts.csiNodes(); create {
+		if delay == 0 {
+			if err := s.registerCSINodes(ctx, uids); err != nil {
+				return fmt.Errorf("register CSINodes: %w", err)
+			}
+		} else {
+			logger.Info("CSINodes will be created later", "delay", delay)
+			wg.Go(func() {
+				t := time.NewTimer(delay)
+				defer t.Stop()
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				if err := s.registerCSINodes(ctx, uids); err != nil && ctx.Err() == nil {
+					cancel(fmt.Errorf("register CSINodes: %w", err))
+				}
+			})
+		}
+	} else {
+		logger.Info("CSINodes are not created")
+	}
+
+	s.factory.Start(ctx.Done())
+	for typ, ok := range s.factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return stopCause(ctx, fmt.Errorf("cache of %v did not sync", typ))
+		}
+	}
+	logger.Info("Simulating kubelet", "nodes", len(s.nodeNames), "workers", s.opts.Workers)
+
+	for range s.opts.Workers {
+		wg.Go(func() {
+			for s.processNextItem(ctx) {
+			}
+		})
+	}
+	<-ctx.Done()
+	logger.Info("Shutting down")
+	return stopCause(ctx, nil)
+}
+
+// stopCause is what Run returns once ctx is done: nil when the caller
+// cancelled it, the failure that cancelled it otherwise.
+func stopCause(ctx context.Context, ifRunning error) error {
+	if ctx.Err() == nil {
+		return ifRunning
+	}
+	if cause := context.Cause(ctx); !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+		return cause
+	}
+	return nil
+}
+
+func (s *Simulator) processNextItem(ctx context.Context) bool {
+	node, quit := s.queue.Get()
+	if quit {
+		return false
+	}
+	defer s.queue.Done(node)
+	logger := klog.FromContext(ctx).WithValues("node", node)
+	err := s.sync(klog.NewContext(ctx, logger), node)
+	if err == nil {
+		s.queue.Forget(node)
+		return true
+	}
+	if ctx.Err() == nil {
+		logger.Error(err, "Sync failed, will retry")
+		s.queue.AddRateLimited(node)
+	}
+	return true
+}
+
+// sync brings one node's volumesInUse in line with its pods and attached
+// volumes, then finishes the deletion of its terminating pods.
+func (s *Simulator) sync(ctx context.Context, nodeName string) error {
+	logger := klog.FromContext(ctx)
+	node, err := s.nodeLister.Get(nodeName)
+	if apierrors.IsNotFound(err) {
+		// Deleted by the test: a kubelet whose node is gone reports nothing.
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get node %s from cache: %w", nodeName, err)
+	}
+
+	objs, err := s.pods.ByIndex(podsByNode, nodeName)
+	if err != nil {
+		return fmt.Errorf("list pods of node %s: %w", nodeName, err)
+	}
+	used := sets.New[string]()
+	var terminating []*v1.Pod
+	for _, obj := range objs {
+		pod := obj.(*v1.Pod)
+		if pod.DeletionTimestamp != nil {
+			// Containers stop at once here: the volumes are unmounted.
+			terminating = append(terminating, pod)
+			continue
+		}
+		if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
+			continue
+		}
+		names, skipped := s.namer.PodVolumeNames(logger, pod)
+		for _, err := range skipped {
+			logger.V(4).Info("Volume not named yet", "err", err)
+		}
+		used = used.Union(names)
+	}
+
+	if err := s.writeInUse(ctx, node, used); err != nil {
+		return err
+	}
+	if s.opts.DeleteTerminatingPods {
+		for _, pod := range terminating {
+			if err := s.deletePod(ctx, pod); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// writeInUse patches node.status.volumesInUse when it differs from what the
+// pods and attached volumes call for. The patch carries the resourceVersion
+// the decision was made on, so a stale decision fails with a conflict and is
+// made again on the fresh node.
+func (s *Simulator) writeInUse(ctx context.Context, node *v1.Node, used sets.Set[string]) error {
+	logger := klog.FromContext(ctx)
+	fresh := false
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if fresh {
+			var err error
+			node, err = s.client.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+		}
+		fresh = true
+		want := InUse(node.Status.VolumesAttached, used, s.opts.ReportUnattached)
+		if sameVolumes(want, node.Status.VolumesInUse) {
+			return nil
+		}
+		var value any // null removes the field
+		if len(want) > 0 {
+			value = want
+		}
+		patch, err := json.Marshal(map[string]any{
+			"metadata": map[string]any{"resourceVersion": node.ResourceVersion},
+			"status":   map[string]any{"volumesInUse": value},
+		})
+		if err != nil {
+			return fmt.Errorf("encode patch: %w", err)
+		}
+		if _, err := s.client.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+			return err
+		}
+		logger.Info("Updated volumesInUse", "volumesInUse", want, "previous", node.Status.VolumesInUse)
+		return nil
+	})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("patch node %s volumesInUse: %w", node.Name, err)
+	}
+	return nil
+}
+
+// deletePod finishes a pod's deletion, as kubelet does once its containers
+// stopped and volumes are unmounted.
+func (s *Simulator) deletePod(ctx context.Context, pod *v1.Pod) error {
+	err := s.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+		GracePeriodSeconds: new(int64(0)),
+		Preconditions:      &metav1.Preconditions{UID: &pod.UID},
+	})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		// Gone already, or a new pod of the same name.
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete terminating pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	klog.FromContext(ctx).V(2).Info("Deleted terminating pod", "pod", klog.KObj(pod))
+	return nil
+}
+
+func (s *Simulator) indexPodByNode(obj any) ([]string, error) {
+	pod, ok := obj.(*v1.Pod)
+	if !ok || !s.nodeSet.Has(pod.Spec.NodeName) {
+		return nil, nil
+	}
+	return []string{pod.Spec.NodeName}, nil
+}
+
+func indexPodByClaim(obj any) ([]string, error) {
+	pod, ok := obj.(*v1.Pod)
+	if !ok {
+		return nil, nil
+	}
+	var keys []string
+	for _, vol := range pod.Spec.Volumes {
+		switch {
+		case vol.PersistentVolumeClaim != nil:
+			keys = append(keys, pod.Namespace+"/"+vol.PersistentVolumeClaim.ClaimName)
+		case vol.Ephemeral != nil:
+			keys = append(keys, pod.Namespace+"/"+pod.Name+"-"+vol.Name)
+		}
+	}
+	return keys, nil
+}
+
+func indexClaimByVolume(obj any) ([]string, error) {
+	pvc, ok := obj.(*v1.PersistentVolumeClaim)
+	if !ok || pvc.Spec.VolumeName == "" {
+		return nil, nil
+	}
+	return []string{pvc.Spec.VolumeName}, nil
+}
+
+// stripManagedFields trims what the caches keep: nothing here reads them.
+func stripManagedFields(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// unwrap returns the object of an event, also of a delete whose final state
+// was missed.
+func unwrap(obj any) any {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		return d.Obj
+	}
+	return obj
+}
+
+func (s *Simulator) onPod(obj any) {
+	if pod, ok := unwrap(obj).(*v1.Pod); ok && s.nodeSet.Has(pod.Spec.NodeName) {
+		s.queue.Add(pod.Spec.NodeName)
+	}
+}
+
+func (s *Simulator) onNodeAdd(obj any) {
+	if node, ok := obj.(*v1.Node); ok && s.nodeSet.Has(node.Name) {
+		s.queue.Add(node.Name)
+	}
+}
+
+func (s *Simulator) onNodeUpdate(oldObj, newObj any) {
+	oldNode, ok1 := oldObj.(*v1.Node)
+	node, ok2 := newObj.(*v1.Node)
+	if !ok1 || !ok2 || !s.nodeSet.Has(node.Name) {
+		return
+	}
+	// Only what sync reads matters; conditions, heartbeats, labels don't.
+	if !attachedEqual(oldNode.Status.VolumesAttached, node.Status.VolumesAttached) ||
+		!sameVolumes(oldNode.Status.VolumesInUse, node.Status.VolumesInUse) {
+		s.queue.Add(node.Name)
+	}
+}
+
+func attachedEqual(a, b []v1.AttachedVolume) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Name != b[i].Name {
+			return false
+		}
+	}
+	return true
+}
+
+// onClaim requeues the nodes of the pods that use a claim.
+func (s *Simulator) onClaim(obj any) {
+	if pvc, ok := unwrap(obj).(*v1.PersistentVolumeClaim); ok {
+		s.enqueueClaimUsers(pvc.Namespace + "/" + pvc.Name)
+	}
+}
+
+// onPV requeues the nodes of the pods that use a PersistentVolume, through
+// its claimRef or the claims that name it.
+func (s *Simulator) onPV(obj any) {
+	pv, ok := unwrap(obj).(*v1.PersistentVolume)
+	if !ok {
+		return
+	}
+	claimKeys := sets.New[string]()
+	if ref := pv.Spec.ClaimRef; ref != nil {
+		claimKeys.Insert(ref.Namespace + "/" + ref.Name)
+	}
+	objs, err := s.claims.ByIndex(claimsByVolumeID, pv.Name)
+	if err != nil {
+		// Only an unknown index name fails; that is a bug, not a state.
+		panic(fmt.Sprintf("claims index %s: %v", claimsByVolumeID, err))
+	}
+	for _, obj := range objs {
+		pvc := obj.(*v1.PersistentVolumeClaim)
+		claimKeys.Insert(pvc.Namespace + "/" + pvc.Name)
+	}
+	for key := range claimKeys {
+		s.enqueueClaimUsers(key)
+	}
+}
+
+func (s *Simulator) enqueueClaimUsers(claimKey string) {
+	objs, err := s.pods.ByIndex(podsByClaim, claimKey)
+	if err != nil {
+		panic(fmt.Sprintf("pods index %s: %v", podsByClaim, err))
+	}
+	for _, obj := range objs {
+		if pod := obj.(*v1.Pod); s.nodeSet.Has(pod.Spec.NodeName) {
+			s.queue.Add(pod.Spec.NodeName)
+		}
+	}
+}
