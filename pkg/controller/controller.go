@@ -250,8 +250,3 @@ func (c *Controller) touch(keys ...cache.Key) {
 		}
 	}
 }
-
-// Explain says what the controller will do with a volume on a node, and why.
-func (c *Controller) Explain(k cache.Key) reconciler.Decision {
-	return c.reconciler.Decide(k, time.Now())
-}

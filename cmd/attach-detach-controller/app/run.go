@@ -68,7 +68,8 @@ func Run(ctx context.Context, o *Options) error {
 	if o.LeaderElection.LeaderElect {
 		healthz = leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	}
-	stopHTTP, err := serveHTTP(ctx, o.HTTPEndpoint, reg, healthz, &ready, o.LeaderElection.LeaderElect)
+	var current atomic.Pointer[controller.Controller]
+	stopHTTP, err := serveHTTP(ctx, o.HTTPEndpoint, reg, healthz, &ready, o.LeaderElection.LeaderElect, &current)
 	if err != nil {
 		return err
 	}
@@ -79,6 +80,8 @@ func Run(ctx context.Context, o *Options) error {
 		if err != nil {
 			return err
 		}
+		current.Store(c.c)
+		defer current.Store(nil)
 		return c.Run(ctx, &ready)
 	}
 	if !o.LeaderElection.LeaderElect {
@@ -126,8 +129,14 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 		return nil, err
 	}
 	logger.Info("CSINodeInfo support", "crdInstalled", installed)
+	// Events have a client, and so a rate limiter, of their own: posting
+	// them must not slow attaches down.
+	eventClient, err := kubernetes.NewForConfig(rest.AddUserAgent(config, "attach-detach-controller-events"))
+	if err != nil {
+		return nil, fmt.Errorf("create event client: %w", err)
+	}
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: eventClient.CoreV1().Events("")})
 	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "attachdetach-controller"})
 	m := metrics.New()
 	if err := m.Register(reg); err != nil {
@@ -268,7 +277,7 @@ func runLeading(ctx context.Context, o *Options, config *rest.Config, healthz *l
 }
 
 func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, healthz *leaderelection.HealthzAdaptor,
-	ready *atomic.Bool, leaderElect bool) (func(), error) {
+	ready *atomic.Bool, leaderElect bool, current *atomic.Pointer[controller.Controller]) (func(), error) {
 	if addr == "" {
 		return func() {}, nil
 	}
@@ -291,6 +300,14 @@ func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, healt
 			return
 		}
 		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/explain", func(w http.ResponseWriter, r *http.Request) {
+		c := current.Load()
+		if c == nil {
+			http.Error(w, "not leading: ask the leader", http.StatusServiceUnavailable)
+			return
+		}
+		c.ServeHTTP(w, r)
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
