@@ -38,6 +38,9 @@ verify:
 	@out="$$(gofmt -l $$(git ls-files '*.go'))"; if [[ -n "$$out" ]]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	go run $(STATICCHECK) ./...
+	@# Kubernetes libraries stay on one release.
+	@bad="$$(go list -m -f '{{.Path}} {{.Version}}' all | awk '$$1 ~ /^k8s\.io\/(api|apimachinery|client-go|component-base|csi-translation-lib)$$/ && $$2 !~ /^v0\.36\./')"; \
+	  if [[ -n "$$bad" ]]; then echo "Kubernetes libraries must stay on v0.36.x:"; echo "$$bad"; exit 1; fi
 
 clean:
 	rm -rf _output
