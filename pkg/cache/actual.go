@@ -332,7 +332,8 @@ func (a *ActualState) BeginReport(node string) (want []v1.AttachedVolume, change
 
 // EndReport records the outcome of a node.status write of written. On
 // success the report is exactly written; on failure the write may or may not
-// have landed, so a volume in written counts as reported. It returns the keys
+// have landed, so a volume in written counts as reported (for the detach
+// rule) and the next BeginReport reports a change (to retry). It returns the keys
 // whose Reported flag changed and every withdrawn key on the node (their
 // detach may wait for this write).
 func (a *ActualState) EndReport(node string, written []v1.AttachedVolume, ok bool) []Key {
@@ -343,9 +344,9 @@ func (a *ActualState) EndReport(node string, written []v1.AttachedVolume, ok boo
 		return nil
 	}
 	n.writing = false
-	if ok {
-		n.dirty = false
-	}
+	// A failed write may not have landed: the next BeginReport must write
+	// again even when the Reported flags (set as if it had) show no change.
+	n.dirty = !ok
 	in := make(map[volume.Name]bool, len(written))
 	for _, r := range written {
 		in[volume.Name(r.Name)] = true
@@ -411,10 +412,14 @@ func (a *ActualState) ObserveReport(node string, seen []v1.AttachedVolume) {
 	}
 	in := make(map[volume.Name]bool, len(seen))
 	for _, r := range seen {
-		in[volume.Name(r.Name)] = true
-		if _, known := n.attachments[volume.Name(r.Name)]; !known {
+		name := volume.Name(r.Name)
+		// A volume the controller does not know, one listed twice, or one
+		// with another device path: only a write corrects it, since the
+		// Reported flags alone would show no change.
+		if at, known := n.attachments[name]; !known || in[name] || at.DevicePath != r.DevicePath {
 			n.dirty = true
 		}
+		in[name] = true
 	}
 	for v, at := range n.attachments {
 		at.Reported = in[v]

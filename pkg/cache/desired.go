@@ -44,7 +44,9 @@ func NewDesiredState() *DesiredState {
 }
 
 // SetPod replaces what pod wants on node with specs (nil or empty: nothing).
-// It returns the keys whose desired state changed.
+// It returns the keys whose desired state changed: each added or removed
+// volume's key, and the keys of its aliases on the node (whether an
+// attachment under an alias is wanted changed with it), once each.
 func (d *DesiredState) SetPod(pod PodRef, node string, specs []*volume.Spec) []Key {
 	specs = dedupe(specs)
 	d.mu.Lock()
@@ -52,13 +54,20 @@ func (d *DesiredState) SetPod(pod PodRef, node string, specs []*volume.Spec) []K
 	podKey := pod.String()
 	old := d.pods[podKey]
 	var touched []Key
+	touch := func(s *volume.Spec, node string) {
+		for _, n := range s.AllNames() {
+			if k := (Key{Volume: n, Node: node}); !slices.Contains(touched, k) {
+				touched = append(touched, k)
+			}
+		}
+	}
 	if old != nil {
 		for _, s := range old.specs {
 			if old.node == node && containsSpec(specs, s) {
 				continue
 			}
 			d.removeLocked(podKey, old.node, s)
-			touched = append(touched, Key{Volume: s.Name, Node: old.node})
+			touch(s, old.node)
 		}
 	}
 	for _, s := range specs {
@@ -68,7 +77,7 @@ func (d *DesiredState) SetPod(pod PodRef, node string, specs []*volume.Spec) []K
 			continue
 		}
 		d.addLocked(pod, node, s)
-		touched = append(touched, Key{Volume: s.Name, Node: node})
+		touch(s, node)
 	}
 	if len(specs) == 0 {
 		delete(d.pods, podKey)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
@@ -22,6 +24,10 @@ func (c *Controller) syncAttachment(ctx context.Context, name string) error {
 	if apierrors.IsNotFound(err) {
 		if k, ok := c.actual.ByAttachmentName(name); ok {
 			if a, _ := c.actual.Get(k); a.AttachmentName == name {
+				if !a.DetachStarted.IsZero() {
+					c.cfg.Metrics.ObserveOperation(volume.MetricPluginName(k.Volume), metrics.OperationDetach,
+						a.Spec != nil && a.Spec.Migrated, true, time.Since(a.DetachStarted))
+				}
 				c.actual.Delete(k)
 				logger.V(2).Info("VolumeAttachment is gone: volume detached", "volume", k.Volume, "node", k.Node)
 				c.touch(k)

@@ -242,11 +242,17 @@ func (c *Controller) touch(keys ...cache.Key) {
 			continue
 		}
 		done[k.Volume] = true
+		names := []volume.Name{k.Volume}
 		for _, dk := range c.desired.KeysFor(k.Volume) {
 			c.volumeQueue.Add(dk)
+			if spec, _, ok := c.desired.Get(dk); ok {
+				names = append(names, spec.AllNames()...)
+			}
 		}
-		for _, n := range c.actual.NodesOf(k.Volume) {
-			c.volumeQueue.Add(cache.Key{Volume: k.Volume, Node: n})
+		for _, name := range names {
+			for _, n := range c.actual.NodesOf(name) {
+				c.volumeQueue.Add(cache.Key{Volume: name, Node: n})
+			}
 		}
 	}
 }

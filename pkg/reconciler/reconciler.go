@@ -12,6 +12,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/intree"
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
@@ -77,10 +80,10 @@ type Reconciler struct {
 	cfg        Config
 	now        func() time.Time
 
-	// told remembers, per key, the last warning posted to its pods, so that
-	// each is posted once and not at every retry.
+	// told remembers, per key and pod, the last warning posted, so that each
+	// is posted once and not at every retry.
 	mu   sync.Mutex
-	told map[cache.Key]string
+	told map[cache.Key]map[string]string
 }
 
 // New returns a Reconciler. mechanisms maps each volume kind to the
@@ -95,7 +98,7 @@ func New(desired *cache.DesiredState, actual *cache.ActualState, mechanisms map[
 		metrics:    m,
 		cfg:        cfg,
 		now:        time.Now,
-		told:       map[cache.Key]string{},
+		told:       map[cache.Key]map[string]string{},
 	}
 }
 
@@ -111,13 +114,14 @@ func (r *Reconciler) Sync(ctx context.Context, k cache.Key) (Result, error) {
 	case Attach:
 		return r.attach(ctx, d, now)
 	case Blocked:
-		r.warnOnce(d, "FailedAttachVolume", blockedMessage(d))
 		if len(d.Elsewhere) > 0 {
+			r.warnOnce(d, "FailedAttachVolume", r.multiAttachMessage(d))
 			// The other node's detach re-queues this key.
 			return Result{}, nil
 		}
 		// The mechanism is undecided: retry with backoff; the arrival of the
 		// node's information re-queues the key at once.
+		r.warnOnce(d, "FailedAttachVolume", sameFor(fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", displayName(d.Spec), d.Spec.Pending)))
 		return Result{}, fmt.Errorf("volume %s on node %s: %s", k.Volume, k.Node, d.Reason)
 	case Wait:
 		r.markDetachWanted(d, now)
@@ -138,10 +142,11 @@ func (r *Reconciler) Sync(ctx context.Context, k cache.Key) (Result, error) {
 }
 
 // settle finishes a key that needs no operation: an attached volume wanted
-// again is put back in the node's report, and a first attach is announced.
+// again (under this name or, by a pod that names it differently, as an
+// alias) is put back in the node's report, and a first attach is announced.
 func (r *Reconciler) settle(d Decision) Result {
 	var res Result
-	if !d.HasAttachment || !d.Desired {
+	if !d.HasAttachment || !(d.Desired || r.desired.Wanted(d.Key)) {
 		r.forget(d.Key)
 		return res
 	}
@@ -153,7 +158,7 @@ func (r *Reconciler) settle(d Decision) Result {
 		})
 		res.WriteNodeStatus = a.Withdrawn
 	}
-	if a.State == cache.Attached && !a.Announced() {
+	if d.Desired && a.State == cache.Attached && !a.Announced() {
 		r.announceAttached(d)
 		res.WriteNodeStatus = true
 	}
@@ -169,7 +174,12 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 		return Result{}, fmt.Errorf("no mechanism attaches volumes of kind %q", spec.Kind)
 	}
 	res, err := mech.Attach(ctx, spec, d.Key.Node)
-	r.actual.Update(d.Key, true, func(a *cache.Attachment) {
+	// A mechanism with no attacher for the volume attached nothing: an
+	// uncertain attachment recorded for it would hold a single-node volume
+	// on this node with no way to detach it.
+	var noAttacher *intree.NoAttacherError
+	create := err == nil || !errors.As(err, &noAttacher)
+	r.actual.Update(d.Key, create, func(a *cache.Attachment) {
 		a.Kind = spec.Kind
 		a.PluginName = spec.PluginName
 		a.Spec = spec
@@ -193,11 +203,13 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 	})
 	if err != nil {
 		r.metrics.AttachErrors.WithLabelValues(pluginLabel(spec)).Inc()
-		r.warnOnce(d, "FailedAttachVolume", fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", displayName(spec), err))
-		var ae *AttachError
-		if errors.As(err, &ae) {
-			return Result{}, fmt.Errorf("attach %s to node %s: %w", d.Key.Volume, d.Key.Node, err)
+		var took time.Duration
+		if a, ok := r.actual.Get(d.Key); ok && !a.AttachStarted.IsZero() {
+			took = now.Sub(a.AttachStarted)
 		}
+		r.metrics.ObserveOperation(pluginLabel(spec), metrics.OperationAttach, spec.Migrated, false, took)
+		r.warnOnce(d, "FailedAttachVolume", sameFor(fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", displayName(spec), err)))
+		// The worker retries with backoff; an *AttachError stays wrapped.
 		return Result{}, fmt.Errorf("attach %s to node %s: %w", d.Key.Volume, d.Key.Node, err)
 	}
 	if !res.Attached {
@@ -274,19 +286,29 @@ func (r *Reconciler) announceAttached(d Decision) {
 	}
 }
 
-// warnOnce posts a Warning event to the key's pods unless the same message
-// was already posted for it.
-func (r *Reconciler) warnOnce(d Decision, reason, msg string) {
-	r.mu.Lock()
-	if r.told[d.Key] == msg {
-		r.mu.Unlock()
-		return
-	}
-	r.told[d.Key] = msg
-	r.mu.Unlock()
+// warnOnce posts a Warning event to each of the key's pods, with the message
+// msg gives for it, unless that pod was already told the same.
+func (r *Reconciler) warnOnce(d Decision, reason string, msg func(cache.PodRef) string) {
 	for _, p := range d.Pods {
-		r.recorder.Event(podReference(p), v1.EventTypeWarning, reason, msg)
+		m := msg(p)
+		r.mu.Lock()
+		byPod := r.told[d.Key]
+		if byPod == nil {
+			byPod = map[string]string{}
+			r.told[d.Key] = byPod
+		}
+		told := byPod[p.String()+"/"+p.UID] == m
+		byPod[p.String()+"/"+p.UID] = m
+		r.mu.Unlock()
+		if !told {
+			r.recorder.Event(podReference(p), v1.EventTypeWarning, reason, m)
+		}
 	}
+}
+
+// sameFor gives every pod the same message.
+func sameFor(msg string) func(cache.PodRef) string {
+	return func(cache.PodRef) string { return msg }
 }
 
 func (r *Reconciler) forget(k cache.Key) {
@@ -295,12 +317,62 @@ func (r *Reconciler) forget(k cache.Key) {
 	r.mu.Unlock()
 }
 
-func blockedMessage(d Decision) string {
-	name := displayName(d.Spec)
-	if len(d.Elsewhere) > 0 {
-		return fmt.Sprintf("Multi-Attach error for volume %q Volume is already exclusively attached to one node and can't be attached to another", name)
+// multiAttachMessage words the multi-attach error as upstream does: it names
+// the pods that use the volume on the other nodes when they are in the
+// told pod's namespace, and only counts the others.
+func (r *Reconciler) multiAttachMessage(d Decision) func(cache.PodRef) string {
+	prefix := fmt.Sprintf("Multi-Attach error for volume %q ", displayName(d.Spec))
+	users := r.podsElsewhere(d)
+	return func(p cache.PodRef) string {
+		if len(users) == 0 {
+			return prefix + "Volume is already exclusively attached to one node and can't be attached to another"
+		}
+		var local []string
+		others := 0
+		for _, u := range users {
+			if u.Namespace == p.Namespace {
+				local = append(local, u.Name)
+			} else {
+				others++
+			}
+		}
+		switch {
+		case len(local) == 0:
+			return prefix + fmt.Sprintf("Volume is already used by %d pod(s) in different namespaces", others)
+		case others > 0:
+			return prefix + fmt.Sprintf("Volume is already used by pod(s) %s and %d pod(s) in different namespaces", strings.Join(local, ", "), others)
+		}
+		return prefix + "Volume is already used by pod(s) " + strings.Join(local, ", ")
 	}
-	return fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", name, d.Spec.Pending)
+}
+
+// podsElsewhere returns the pods that want the volume, under any of its
+// names, on the nodes in d.Elsewhere, sorted.
+func (r *Reconciler) podsElsewhere(d Decision) []cache.PodRef {
+	nodes := map[string]bool{}
+	for _, k := range d.Elsewhere {
+		nodes[k.Node] = true
+	}
+	seen := map[cache.PodRef]bool{}
+	var pods []cache.PodRef
+	for _, name := range d.Spec.AllNames() {
+		for _, k := range r.desired.KeysFor(name) {
+			if !nodes[k.Node] || k.Node == d.Key.Node {
+				continue
+			}
+			_, ps, _ := r.desired.Get(k)
+			for _, p := range ps {
+				if !seen[p] {
+					seen[p] = true
+					pods = append(pods, p)
+				}
+			}
+		}
+	}
+	slices.SortFunc(pods, func(a, b cache.PodRef) int {
+		return strings.Compare(a.String(), b.String())
+	})
+	return pods
 }
 
 func podReference(p cache.PodRef) *v1.ObjectReference {

@@ -1,0 +1,220 @@
+package cache_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+// The benchmarks run against a world of benchNodes x benchPerNode volumes,
+// one pod per volume: the scale the per-key work must not depend on.
+const (
+	benchNodes   = 10_000
+	benchPerNode = 10
+	benchVolumes = benchNodes * benchPerNode // 100,000
+	benchDriver  = "bench.csi.example.com"
+)
+
+func benchNode(i int) string { return fmt.Sprintf("node-%05d", i) }
+
+// benchSpec is volume v: a ReadWriteOnce CSI PV.
+func benchSpec(v int) *volume.Spec {
+	handle := fmt.Sprintf("vol-%06d", v)
+	return &volume.Spec{
+		Name:         volume.CSIName(benchDriver, handle),
+		Kind:         volume.KindCSI,
+		PluginName:   volume.CSIPluginName,
+		Driver:       benchDriver,
+		VolumeHandle: handle,
+		PVName:       "pv-" + handle,
+		SingleNode:   true,
+	}
+}
+
+func benchPod(v int) cache.PodRef {
+	return cache.PodRef{Namespace: "bench", Name: fmt.Sprintf("pod-%06d", v), UID: fmt.Sprintf("uid-%06d", v)}
+}
+
+func benchKey(v int) cache.Key {
+	return cache.Key{Volume: benchSpec(v).Name, Node: benchNode(v / benchPerNode)}
+}
+
+// benchDesired returns a DesiredState with every volume wanted by its pod.
+func benchDesired(b *testing.B) *cache.DesiredState {
+	b.Helper()
+	d := cache.NewDesiredState()
+	for v := range benchVolumes {
+		d.SetPod(benchPod(v), benchNode(v/benchPerNode), []*volume.Spec{benchSpec(v)})
+	}
+	return d
+}
+
+// benchActual returns an ActualState with every volume attached, reported,
+// on managed Ready nodes that have all their volumes in use.
+func benchActual(b *testing.B) *cache.ActualState {
+	b.Helper()
+	a := cache.NewActualState()
+	for n := range benchNodes {
+		inUse := map[volume.Name]bool{}
+		for j := range benchPerNode {
+			inUse[benchSpec(n*benchPerNode+j).Name] = true
+		}
+		a.SetNode(benchNode(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: inUse})
+	}
+	for v := range benchVolumes {
+		spec := benchSpec(v)
+		a.Update(benchKey(v), true, func(at *cache.Attachment) {
+			at.State = cache.Attached
+			at.Kind = volume.KindCSI
+			at.PluginName = volume.CSIPluginName
+			at.Spec = spec
+			at.AttachmentName = volume.AttachmentName(spec.VolumeHandle, spec.Driver, benchNode(v/benchPerNode))
+			at.Reported = true
+		})
+	}
+	return a
+}
+
+func BenchmarkDesiredStateSetPod(b *testing.B) {
+	d := benchDesired(b)
+	b.Run("add+remove", func(b *testing.B) {
+		// A new pod with a new volume on an existing node, then its deletion.
+		pod, spec, node := benchPod(benchVolumes), []*volume.Spec{benchSpec(benchVolumes)}, benchNode(0)
+		b.ReportAllocs()
+		for b.Loop() {
+			d.SetPod(pod, node, spec)
+			d.SetPod(pod, node, nil)
+		}
+	})
+	b.Run("unchanged", func(b *testing.B) {
+		// A pod update that changes nothing the controller reads.
+		pod, spec, node := benchPod(4242), []*volume.Spec{benchSpec(4242)}, benchNode(4242/benchPerNode)
+		b.ReportAllocs()
+		for b.Loop() {
+			if keys := d.SetPod(pod, node, spec); len(keys) != 0 {
+				b.Fatalf("unchanged pod touched %v", keys)
+			}
+		}
+	})
+}
+
+func BenchmarkDesiredStateKeysFor(b *testing.B) {
+	d := benchDesired(b)
+	name := benchSpec(4242).Name
+	b.ReportAllocs()
+	for b.Loop() {
+		if keys := d.KeysFor(name); len(keys) != 1 {
+			b.Fatalf("KeysFor: %v", keys)
+		}
+	}
+}
+
+func BenchmarkDesiredStateGet(b *testing.B) {
+	d := benchDesired(b)
+	k := benchKey(4242)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, ok := d.Get(k); !ok {
+			b.Fatal("not desired")
+		}
+	}
+}
+
+// BenchmarkDesiredStateStats is the work of one metrics scrape.
+func BenchmarkDesiredStateStats(b *testing.B) {
+	d := benchDesired(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		d.Stats()
+	}
+}
+
+func BenchmarkActualStateUpdate(b *testing.B) {
+	a := benchActual(b)
+	b.Run("existing", func(b *testing.B) {
+		// A VolumeAttachment update that changes nothing.
+		k := benchKey(4242)
+		b.ReportAllocs()
+		for b.Loop() {
+			a.Update(k, false, func(at *cache.Attachment) { at.State = cache.Attached })
+		}
+	})
+	b.Run("create+delete", func(b *testing.B) {
+		k := cache.Key{Volume: benchSpec(benchVolumes).Name, Node: benchNode(0)}
+		b.ReportAllocs()
+		for b.Loop() {
+			a.Update(k, true, func(at *cache.Attachment) { at.AttachmentName = "csi-new" })
+			a.Delete(k)
+		}
+	})
+}
+
+func BenchmarkActualStateBeginReport(b *testing.B) {
+	a := benchActual(b)
+	node := benchNode(42)
+	b.Run("unchanged", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, changed := a.BeginReport(node); changed {
+				b.Fatal("report changed")
+			}
+		}
+	})
+	b.Run("changed+EndReport", func(b *testing.B) {
+		// One volume withdrawn, the report written; then back.
+		k := benchKey(42 * benchPerNode)
+		b.ReportAllocs()
+		for b.Loop() {
+			for _, withdrawn := range []bool{true, false} {
+				a.Update(k, false, func(at *cache.Attachment) { at.Withdrawn = withdrawn })
+				want, changed := a.BeginReport(node)
+				if !changed {
+					b.Fatal("report unchanged")
+				}
+				a.EndReport(node, want, true)
+			}
+		}
+	})
+}
+
+func BenchmarkActualStateSetNode(b *testing.B) {
+	a := benchActual(b)
+	info, _ := a.Node(benchNode(42))
+	b.ReportAllocs()
+	for b.Loop() {
+		if keys := a.SetNode(benchNode(42), info); len(keys) != 0 {
+			b.Fatalf("unchanged node touched %v", keys)
+		}
+	}
+}
+
+func BenchmarkActualStateAttachedElsewhere(b *testing.B) {
+	a := benchActual(b)
+	names := benchSpec(4242).AllNames()
+	b.ReportAllocs()
+	for b.Loop() {
+		a.AttachedElsewhere(names, benchNode(0))
+	}
+}
+
+// BenchmarkActualStateStats is the work of one metrics scrape.
+func BenchmarkActualStateStats(b *testing.B) {
+	a := benchActual(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		a.Stats()
+	}
+}
+
+// BenchmarkActualStateAttachments is the copy the periodic sync walks.
+func BenchmarkActualStateAttachments(b *testing.B) {
+	a := benchActual(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if got := len(a.Attachments()); got != benchVolumes {
+			b.Fatalf("%d attachments", got)
+		}
+	}
+}

@@ -1,0 +1,280 @@
+package nodestatus
+
+import (
+	"errors"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	k8stesting "k8s.io/client-go/testing"
+	clientcache "k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+const (
+	node = "node-1"
+	volA = volume.Name("kubernetes.io/csi/d.example.com^a")
+	volB = volume.Name("kubernetes.io/csi/d.example.com^b")
+	volC = volume.Name("kubernetes.io/csi/d.example.com^c")
+	volD = volume.Name("kubernetes.io/iscsi/10.0.0.1:3260:iqn.2001-04.com.example:storage:0")
+)
+
+func key(v volume.Name) cache.Key { return cache.Key{Volume: v, Node: node} }
+
+func av(v volume.Name, devicePath string) v1.AttachedVolume {
+	return v1.AttachedVolume{Name: v1.UniqueVolumeName(v), DevicePath: devicePath}
+}
+
+func sortKeys(keys []cache.Key) []cache.Key {
+	keys = slices.Clone(keys)
+	slices.SortFunc(keys, func(a, b cache.Key) int { return strings.Compare(a.String(), b.String()) })
+	return keys
+}
+
+type fixture struct {
+	client *fake.Clientset
+	actual *cache.ActualState
+	writer *Writer
+}
+
+// newFixture builds a Writer over a fake clientset and a node lister, both
+// holding nodes (the informer in sync).
+func newFixture(t *testing.T, nodes []*v1.Node, attachments []cache.Attachment, patchErr error) *fixture {
+	t.Helper()
+	objs := make([]runtime.Object, 0, len(nodes))
+	indexer := clientcache.NewIndexer(clientcache.MetaNamespaceKeyFunc, clientcache.Indexers{})
+	for _, n := range nodes {
+		objs = append(objs, n)
+		if err := indexer.Add(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client := fake.NewClientset(objs...)
+	if patchErr != nil {
+		client.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, patchErr
+		})
+	}
+	actual := cache.NewActualState()
+	actual.SetNode(node, cache.NodeInfo{Managed: true, Ready: true})
+	for _, a := range attachments {
+		actual.Update(a.Key, true, func(at *cache.Attachment) { *at = a })
+	}
+	return &fixture{client: client, actual: actual, writer: NewWriter(client, corelisters.NewNodeLister(indexer), actual)}
+}
+
+func TestWriterSync(t *testing.T) {
+	n1 := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}
+	tests := []struct {
+		name        string
+		nodes       []*v1.Node
+		attachments []cache.Attachment
+		patchErr    error
+
+		wantPatch    string // "": no patch
+		wantErr      string
+		wantKeys     []cache.Key
+		wantReported []v1.AttachedVolume
+		wantInNode   []v1.AttachedVolume // node.status.volumesAttached after the sync, when patched
+	}{
+		{
+			name:  "one patch of the status subresource with the full sorted list",
+			nodes: []*v1.Node{n1},
+			attachments: []cache.Attachment{
+				{Key: key(volD), State: cache.Attached, DevicePath: "/dev/sdb"},
+				{Key: key(volB), State: cache.Attached, Reported: true},
+				{Key: key(volA), State: cache.Attached},
+				{Key: key(volC), State: cache.Uncertain},
+				{Key: key("kubernetes.io/csi/d.example.com^w"), State: cache.Attached, Reported: true, Withdrawn: true},
+				{Key: cache.Key{Volume: volA, Node: "node-2"}, State: cache.Attached},
+			},
+			wantPatch: `{"status":{"volumesAttached":[` +
+				`{"name":"kubernetes.io/csi/d.example.com^a","devicePath":""},` +
+				`{"name":"kubernetes.io/csi/d.example.com^b","devicePath":""},` +
+				`{"name":"kubernetes.io/iscsi/10.0.0.1:3260:iqn.2001-04.com.example:storage:0","devicePath":"/dev/sdb"}]}}`,
+			wantKeys:     []cache.Key{key(volA), key(volD), key("kubernetes.io/csi/d.example.com^w")},
+			wantReported: []v1.AttachedVolume{av(volA, ""), av(volB, ""), av(volD, "/dev/sdb")},
+			wantInNode:   []v1.AttachedVolume{av(volA, ""), av(volB, ""), av(volD, "/dev/sdb")},
+		},
+		{
+			name:         "empty list is written as null",
+			nodes:        []*v1.Node{n1},
+			attachments:  []cache.Attachment{{Key: key(volA), State: cache.Attached, Reported: true, Withdrawn: true}},
+			wantPatch:    `{"status":{"volumesAttached":null}}`,
+			wantKeys:     []cache.Key{key(volA)},
+			wantReported: nil,
+			wantInNode:   nil,
+		},
+		{
+			name:         "nothing changed: no patch",
+			nodes:        []*v1.Node{n1},
+			attachments:  []cache.Attachment{{Key: key(volA), State: cache.Attached, Reported: true}, {Key: key(volB), State: cache.Uncertain}},
+			wantReported: []v1.AttachedVolume{av(volA, "")},
+		},
+		{
+			name:        "node missing: no patch, empty report confirmed",
+			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached, Reported: true, Withdrawn: true}, {Key: key(volB), State: cache.Attached}},
+			wantKeys:    []cache.Key{key(volA)},
+		},
+		{
+			name:        "node deleted since the lister saw it: empty report confirmed",
+			nodes:       []*v1.Node{n1},
+			patchErr:    apierrors.NewNotFound(v1.Resource("nodes"), node),
+			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached, Reported: true, Withdrawn: true}, {Key: key(volB), State: cache.Attached}},
+			wantPatch:   `{"status":{"volumesAttached":[{"name":"kubernetes.io/csi/d.example.com^b","devicePath":""}]}}`,
+			wantKeys:    []cache.Key{key(volA)},
+		},
+		{
+			name:        "patch fails: error, withdrawn volume still reported",
+			nodes:       []*v1.Node{n1},
+			patchErr:    errors.New("connection refused"),
+			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached, Reported: true, Withdrawn: true}, {Key: key(volB), State: cache.Attached}},
+			wantPatch:   `{"status":{"volumesAttached":[{"name":"kubernetes.io/csi/d.example.com^b","devicePath":""}]}}`,
+			wantErr:     "patch node node-1 status: connection refused",
+			// B counts as reported (the write may have landed); A is
+			// returned because its detach waits on this write.
+			wantKeys:     []cache.Key{key(volA), key(volB)},
+			wantReported: []v1.AttachedVolume{av(volA, ""), av(volB, "")},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, tt.nodes, tt.attachments, tt.patchErr)
+			_, ctx := ktesting.NewTestContext(t)
+			keys, err := f.writer.Sync(ctx, node)
+			gotErr := ""
+			if err != nil {
+				gotErr = err.Error()
+			}
+			if gotErr != tt.wantErr {
+				t.Errorf("error %q, want %q", gotErr, tt.wantErr)
+			}
+			if len(keys) != len(tt.wantKeys) || (len(keys) > 0 && !reflect.DeepEqual(sortKeys(keys), sortKeys(tt.wantKeys))) {
+				t.Errorf("keys %v, want %v", keys, tt.wantKeys)
+			}
+			if got := f.actual.Reported(node); !reflect.DeepEqual(got, tt.wantReported) {
+				t.Errorf("reported %v, want %v", got, tt.wantReported)
+			}
+			if f.actual.ReportInFlight(node) {
+				t.Errorf("write still in flight after Sync")
+			}
+			var patches []k8stesting.PatchAction
+			for _, a := range f.client.Actions() {
+				p, ok := a.(k8stesting.PatchAction)
+				if !ok {
+					t.Errorf("unexpected API call %v", a)
+					continue
+				}
+				patches = append(patches, p)
+			}
+			if tt.wantPatch == "" {
+				if len(patches) != 0 {
+					t.Errorf("patches %v, want none", patches)
+				}
+				return
+			}
+			if len(patches) != 1 {
+				t.Fatalf("%d patches, want 1", len(patches))
+			}
+			p := patches[0]
+			if p.GetResource().Resource != "nodes" || p.GetName() != node || p.GetSubresource() != "status" || p.GetPatchType() != types.MergePatchType {
+				t.Errorf("patch of %s %s/%s type %s, want a merge patch of nodes %s/status",
+					p.GetResource().Resource, p.GetName(), p.GetSubresource(), p.GetPatchType(), node)
+			}
+			if got := string(p.GetPatch()); got != tt.wantPatch {
+				t.Errorf("patch\n %s\nwant\n %s", got, tt.wantPatch)
+			}
+			if tt.patchErr != nil {
+				return
+			}
+			got, err := f.client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got.Status.VolumesAttached, tt.wantInNode) {
+				t.Errorf("node.status.volumesAttached = %v, want %v", got.Status.VolumesAttached, tt.wantInNode)
+			}
+		})
+	}
+}
+
+// TestWriterRetriesFailedWrite: after a failed patch the next Sync writes
+// again, even though the volume already counts as reported.
+func TestWriterRetriesFailedWrite(t *testing.T) {
+	tests := []struct {
+		name        string
+		attachments []cache.Attachment
+		wantPatch   string
+	}{
+		{
+			name:        "added volume",
+			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached}},
+			wantPatch:   `{"status":{"volumesAttached":[{"name":"kubernetes.io/csi/d.example.com^a","devicePath":""}]}}`,
+		},
+		{
+			name:        "withdrawn volume",
+			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached, Reported: true, Withdrawn: true}},
+			wantPatch:   `{"status":{"volumesAttached":null}}`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, []*v1.Node{{ObjectMeta: metav1.ObjectMeta{Name: node}}}, tt.attachments, nil)
+			failing := true
+			f.client.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+				if failing {
+					return true, nil, errors.New("timeout")
+				}
+				return false, nil, nil
+			})
+			_, ctx := ktesting.NewTestContext(t)
+			if _, err := f.writer.Sync(ctx, node); err == nil {
+				t.Fatalf("first Sync: no error from a failed patch")
+			}
+			failing = false
+			if _, err := f.writer.Sync(ctx, node); err != nil {
+				t.Fatalf("second Sync: %v", err)
+			}
+			actions := f.client.Actions()
+			if len(actions) != 2 {
+				t.Fatalf("API calls %v, want two patches", actions)
+			}
+			if got := string(actions[1].(k8stesting.PatchAction).GetPatch()); got != tt.wantPatch {
+				t.Errorf("second patch %s, want %s", got, tt.wantPatch)
+			}
+		})
+	}
+}
+
+func TestPatch(t *testing.T) {
+	tests := []struct {
+		name string
+		want []v1.AttachedVolume
+		json string
+	}{
+		{name: "nil", want: nil, json: `{"status":{"volumesAttached":null}}`},
+		{name: "empty", want: []v1.AttachedVolume{}, json: `{"status":{"volumesAttached":null}}`},
+		{name: "two", want: []v1.AttachedVolume{av(volA, ""), av(volD, "/dev/sdb")},
+			json: `{"status":{"volumesAttached":[{"name":"kubernetes.io/csi/d.example.com^a","devicePath":""},` +
+				`{"name":"kubernetes.io/iscsi/10.0.0.1:3260:iqn.2001-04.com.example:storage:0","devicePath":"/dev/sdb"}]}}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := Patch(tt.want)
+			if err != nil || string(b) != tt.json {
+				t.Errorf("Patch = %s, %v; want %s", b, err, tt.json)
+			}
+		})
+	}
+}

@@ -1,0 +1,142 @@
+package reconciler_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/tools/record"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
+	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+// The benchmarks decide one key in a world of benchNodes x benchPerNode
+// volumes, every one wanted by its pod and attached: the cost of a decision
+// must not grow with the world.
+const (
+	benchNodes   = 10_000
+	benchPerNode = 10
+	benchVolumes = benchNodes * benchPerNode // 100,000
+	benchDriver  = "bench.csi.example.com"
+)
+
+func benchNode(i int) string { return fmt.Sprintf("node-%05d", i) }
+
+func benchSpec(v int) *volume.Spec {
+	handle := fmt.Sprintf("vol-%06d", v)
+	return &volume.Spec{
+		Name:         volume.CSIName(benchDriver, handle),
+		Kind:         volume.KindCSI,
+		PluginName:   volume.CSIPluginName,
+		Driver:       benchDriver,
+		VolumeHandle: handle,
+		PVName:       "pv-" + handle,
+		SingleNode:   true,
+	}
+}
+
+func benchKey(v int) cache.Key {
+	return cache.Key{Volume: benchSpec(v).Name, Node: benchNode(v / benchPerNode)}
+}
+
+// benchMechanism starts attaches and detaches that never complete, and
+// makes no API call.
+type benchMechanism struct{}
+
+var _ reconciler.Mechanism = benchMechanism{}
+
+func (benchMechanism) Attach(_ context.Context, spec *volume.Spec, node string) (reconciler.AttachResult, error) {
+	return reconciler.AttachResult{AttachmentName: volume.AttachmentName(spec.VolumeHandle, spec.Driver, node)}, nil
+}
+
+func (benchMechanism) Detach(context.Context, cache.Attachment) (bool, error) { return false, nil }
+
+// benchWorld returns a Reconciler over 100,000 volumes wanted and attached
+// (and reported) on managed Ready nodes that have none in use, plus one
+// volume, benchVolumes, attached on node 0 and wanted by nobody.
+func benchWorld(b *testing.B) (*reconciler.Reconciler, *cache.DesiredState, *cache.ActualState) {
+	b.Helper()
+	desired, actual := cache.NewDesiredState(), cache.NewActualState()
+	for n := range benchNodes {
+		actual.SetNode(benchNode(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: map[volume.Name]bool{}})
+	}
+	attach := func(v int) {
+		spec := benchSpec(v)
+		actual.Update(benchKey(v), true, func(a *cache.Attachment) {
+			a.State = cache.Attached
+			a.Kind = volume.KindCSI
+			a.PluginName = volume.CSIPluginName
+			a.Spec = spec
+			a.AttachmentName = volume.AttachmentName(spec.VolumeHandle, spec.Driver, benchNode(v/benchPerNode))
+			a.Reported = true
+		})
+	}
+	for v := range benchVolumes {
+		pod := cache.PodRef{Namespace: "bench", Name: fmt.Sprintf("pod-%06d", v), UID: fmt.Sprintf("uid-%06d", v)}
+		desired.SetPod(pod, benchNode(v/benchPerNode), []*volume.Spec{benchSpec(v)})
+		attach(v)
+	}
+	attach(benchVolumes)
+	m := metrics.New()
+	r := reconciler.New(desired, actual, map[volume.Kind]reconciler.Mechanism{volume.KindCSI: benchMechanism{}},
+		&record.FakeRecorder{}, m, reconciler.Config{MaxWaitForUnmount: 6 * time.Minute})
+	return r, desired, actual
+}
+
+func BenchmarkDecide(b *testing.B) {
+	r, desired, _ := benchWorld(b)
+	now := time.Now()
+	// A new pod wants a volume nobody has attached: the single-node check
+	// looks for it on other nodes.
+	newVolume := benchVolumes + 1
+	desired.SetPod(cache.PodRef{Namespace: "bench", Name: "new", UID: "new"}, benchNode(7), []*volume.Spec{benchSpec(newVolume)})
+	for _, tc := range []struct {
+		name string
+		key  cache.Key
+		want reconciler.Action
+	}{
+		{"attached", benchKey(4242), reconciler.Nothing},
+		{"not-attached", cache.Key{Volume: benchSpec(newVolume).Name, Node: benchNode(7)}, reconciler.Attach},
+		{"not-wanted", benchKey(benchVolumes), reconciler.Withdraw},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if d := r.Decide(tc.key, now); d.Action != tc.want {
+					b.Fatalf("decided %s, want %s", d, tc.want)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkSync is a worker's whole sync of one key, with a mechanism that
+// does nothing: what a key costs besides its API calls.
+func BenchmarkSync(b *testing.B) {
+	r, desired, _ := benchWorld(b)
+	ctx := context.Background()
+	newVolume := benchVolumes + 1
+	desired.SetPod(cache.PodRef{Namespace: "bench", Name: "new", UID: "new"}, benchNode(7), []*volume.Spec{benchSpec(newVolume)})
+	for _, tc := range []struct {
+		name string
+		key  cache.Key
+	}{
+		// Nothing to do: a re-queued key whose volume is attached.
+		{"attached", benchKey(4242)},
+		// An attach under way: the mechanism is asked again.
+		{"attaching", cache.Key{Volume: benchSpec(newVolume).Name, Node: benchNode(7)}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := r.Sync(ctx, tc.key); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

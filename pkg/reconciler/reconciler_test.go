@@ -1,0 +1,817 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/intree"
+	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+const (
+	node1 = "node-1"
+	node2 = "node-2"
+
+	pendingReason = "CSINode node-1 not found: can't tell whether in-tree plugin kubernetes.io/aws-ebs is migrated"
+	ebsInTree     = volume.Name("kubernetes.io/aws-ebs/vol-ebs")
+	iscsiName     = volume.Name("kubernetes.io/iscsi/10.0.0.1:3260:iqn.2001-04.com.example:storage:0")
+)
+
+var (
+	t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+	podA = cache.PodRef{Namespace: "default", Name: "pod-a", UID: "uid-a"}
+	podB = cache.PodRef{Namespace: "default", Name: "pod-b", UID: "uid-b"}
+	podC = cache.PodRef{Namespace: "other", Name: "pod-c", UID: "uid-c"}
+	podD = cache.PodRef{Namespace: "third", Name: "pod-d", UID: "uid-d"}
+	podE = cache.PodRef{Namespace: "default", Name: "pod-e", UID: "uid-e"}
+
+	// specA is a ReadWriteOnce CSI volume, specB another one, specX a
+	// ReadWriteMany one.
+	specA = csiSpec("pv-a", "vol-a", true)
+	specB = csiSpec("pv-b", "vol-b", true)
+	specX = csiSpec("pv-x", "vol-x", false)
+	// ebsCSI is the CSI name of the migratable EBS volume of specPending.
+	ebsCSI      = volume.CSIName("ebs.csi.aws.com", "vol-ebs")
+	specPending = &volume.Spec{
+		Name: ebsInTree, Aliases: []volume.Name{ebsCSI}, PluginName: "kubernetes.io/aws-ebs",
+		Driver: "ebs.csi.aws.com", VolumeHandle: "vol-ebs", PVName: "pv-ebs", SingleNode: true,
+		Pending: pendingReason,
+	}
+	specEBSInTree = &volume.Spec{
+		Name: ebsInTree, Aliases: []volume.Name{ebsCSI}, Kind: volume.KindInTree, PluginName: "kubernetes.io/aws-ebs",
+		Driver: "ebs.csi.aws.com", VolumeHandle: "vol-ebs", PVName: "pv-ebs", SingleNode: true,
+	}
+	specISCSI = &volume.Spec{Name: iscsiName, Kind: volume.KindInTree, PluginName: volume.ISCSIPluginName, PVName: "pv-iscsi"}
+)
+
+func csiSpec(pv, handle string, singleNode bool) *volume.Spec {
+	return &volume.Spec{
+		Name: volume.CSIName("d.example.com", handle), Kind: volume.KindCSI, PluginName: volume.CSIPluginName,
+		Driver: "d.example.com", VolumeHandle: handle, PVName: pv, SingleNode: singleNode,
+	}
+}
+
+func key(s *volume.Spec, node string) cache.Key { return cache.Key{Volume: s.Name, Node: node} }
+
+type attachReply struct {
+	res AttachResult
+	err error
+}
+
+type detachReply struct {
+	done bool
+	err  error
+}
+
+// fakeMechanism records its calls in a log shared by every mechanism and
+// answers with the replies configured per volume.
+type fakeMechanism struct {
+	kind   volume.Kind
+	calls  *[]string
+	attach map[volume.Name]attachReply
+	detach map[volume.Name]detachReply
+}
+
+var _ Mechanism = (*fakeMechanism)(nil)
+
+func (f *fakeMechanism) Attach(_ context.Context, spec *volume.Spec, node string) (AttachResult, error) {
+	*f.calls = append(*f.calls, string(f.kind)+" attach "+string(spec.Name)+"@"+node)
+	r := f.attach[spec.Name]
+	return r.res, r.err
+}
+
+func (f *fakeMechanism) Detach(_ context.Context, a cache.Attachment) (bool, error) {
+	*f.calls = append(*f.calls, string(f.kind)+" detach "+string(a.Volume)+"@"+a.Node)
+	r := f.detach[a.Volume]
+	return r.done, r.err
+}
+
+type env struct {
+	t       *testing.T
+	desired *cache.DesiredState
+	actual  *cache.ActualState
+	rec     *record.FakeRecorder
+	m       *metrics.Metrics
+	r       *Reconciler
+	now     time.Time
+	calls   []string
+	attach  map[volume.Name]attachReply
+	detach  map[volume.Name]detachReply
+	// writing holds the list of a node status write begun by begin.
+	writing map[string][]v1.AttachedVolume
+}
+
+func newEnv(t *testing.T, cfg Config) *env {
+	e := &env{
+		t:       t,
+		desired: cache.NewDesiredState(),
+		actual:  cache.NewActualState(),
+		rec:     record.NewFakeRecorder(100),
+		m:       metrics.New(),
+		now:     t0,
+		attach:  map[volume.Name]attachReply{},
+		detach:  map[volume.Name]detachReply{},
+		writing: map[string][]v1.AttachedVolume{},
+	}
+	mechs := map[volume.Kind]Mechanism{}
+	for _, kind := range []volume.Kind{volume.KindCSI, volume.KindInTree} {
+		mechs[kind] = &fakeMechanism{kind: kind, calls: &e.calls, attach: e.attach, detach: e.detach}
+	}
+	e.r = New(e.desired, e.actual, mechs, e.rec, e.m, cfg)
+	e.r.now = func() time.Time { return e.now }
+	return e
+}
+
+// begin starts a node status write, as the node status writer does.
+func (e *env) begin(node string) {
+	list, changed := e.actual.BeginReport(node)
+	if !changed {
+		e.t.Fatalf("BeginReport(%s): no change to write", node)
+	}
+	e.writing[node] = list
+}
+
+// end finishes the write begin started.
+func (e *env) end(node string, ok bool) {
+	e.actual.EndReport(node, e.writing[node], ok)
+	delete(e.writing, node)
+}
+
+// writeStatus is a successful node status write.
+func (e *env) writeStatus(node string) {
+	e.begin(node)
+	e.end(node, true)
+}
+
+func (e *env) events() []string {
+	var out []string
+	for {
+		select {
+		case ev := <-e.rec.Events:
+			out = append(out, ev)
+		default:
+			return out
+		}
+	}
+}
+
+// attView is what a test checks of an attachment.
+type attView struct {
+	State        cache.State
+	Reported     bool
+	Withdrawn    bool
+	DetachWanted bool // a detach is wanted since some time
+	Unannounced  bool // an attach was started and not announced yet
+	DevicePath   string
+	Name         string // AttachmentName
+	AttachError  string
+	DetachError  string
+}
+
+func view(a cache.Attachment) attView {
+	return attView{
+		State: a.State, Reported: a.Reported, Withdrawn: a.Withdrawn, DetachWanted: !a.DetachWanted.IsZero(),
+		Unannounced: !a.Announced(), DevicePath: a.DevicePath, Name: a.AttachmentName,
+		AttachError: a.AttachError, DetachError: a.DetachError,
+	}
+}
+
+type wants struct {
+	pod   cache.PodRef
+	node  string
+	specs []*volume.Spec
+}
+
+type step struct {
+	name    string
+	advance time.Duration // the clock moves on before the step
+	before  func(e *env)  // what happens outside the reconciler first
+	key     cache.Key
+
+	wantCalls       []string
+	wantResult      Result
+	wantErr         string // the whole error text; empty: no error
+	wantAttachError bool   // the error wraps an *AttachError
+	wantEvents      []string
+}
+
+func succeeded(pv string) string {
+	return `Normal SuccessfulAttachVolume AttachVolume.Attach succeeded for volume "` + pv + `" `
+}
+
+func failed(pv, msg string) string {
+	return `Warning FailedAttachVolume AttachVolume.Attach failed for volume "` + pv + `" : ` + msg
+}
+
+func multiAttach(pv, msg string) string {
+	return `Warning FailedAttachVolume Multi-Attach error for volume "` + pv + `" ` + msg
+}
+
+const exclusive = "Volume is already exclusively attached to one node and can't be attached to another"
+
+// histogram reads storage_operation_duration_seconds for a CSI volume of
+// d.example.com, not migrated.
+func histogram(t *testing.T, e *env, operation, status string) *dto.Histogram {
+	t.Helper()
+	var m dto.Metric
+	h := e.m.OperationDuration.WithLabelValues("kubernetes.io/csi:d.example.com", operation, status, "false")
+	if err := h.(prometheus.Histogram).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.Histogram
+}
+
+func samples(t *testing.T, e *env, operation, status string) uint64 {
+	return histogram(t, e, operation, status).GetSampleCount()
+}
+
+const noAttacher = "in-tree plugin kubernetes.io/aws-ebs has no attacher in this build: install its CSI driver and migrate the node"
+
+func TestSync(t *testing.T) {
+	ready := cache.NodeInfo{Managed: true, Ready: true}
+	mounted := func(info cache.NodeInfo, names ...volume.Name) cache.NodeInfo {
+		info.InUse = map[volume.Name]bool{}
+		for _, n := range names {
+			info.InUse[n] = true
+		}
+		return info
+	}
+	attached := func(s *volume.Spec, node string, f func(*cache.Attachment)) cache.Attachment {
+		a := cache.Attachment{Key: key(s, node), State: cache.Attached, Kind: s.Kind, PluginName: s.PluginName, Spec: s, Reported: true}
+		if f != nil {
+			f(&a)
+		}
+		return a
+	}
+	withdrawn := func(a *cache.Attachment) { a.Withdrawn, a.Reported, a.DetachWanted = true, false, t0 }
+
+	tests := []struct {
+		name        string
+		cfg         *Config // nil: 6 min max wait for unmount
+		nodes       map[string]cache.NodeInfo
+		deleted     []string // nodes whose Node object is gone
+		pods        []wants
+		attachments []cache.Attachment
+		attach      map[volume.Name]attachReply
+		detach      map[volume.Name]detachReply
+		steps       []step
+
+		wantActual       map[cache.Key]attView
+		wantForced       map[string]float64 // by reason; absent: 0
+		wantAttachErrors map[string]float64 // by plugin; no other plugin may count one
+		check            func(t *testing.T, e *env)
+	}{
+		{
+			name:   "attach",
+			pods:   []wants{{podA, node1, []*volume.Spec{specA}}},
+			attach: map[volume.Name]attachReply{specA.Name: {res: AttachResult{Attached: true, AttachmentName: "csi-a"}}},
+			steps: []step{
+				{key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"},
+					wantResult: Result{WriteNodeStatus: true}, wantEvents: []string{succeeded("pv-a")}},
+				{name: "again: nothing", key: key(specA, node1)},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Name: "csi-a"}},
+		},
+		{
+			name:   "in-tree attach with a device path",
+			pods:   []wants{{podA, node1, []*volume.Spec{specISCSI}}},
+			attach: map[volume.Name]attachReply{iscsiName: {res: AttachResult{Attached: true, DevicePath: "/dev/sdb"}}},
+			steps: []step{
+				{key: key(specISCSI, node1), wantCalls: []string{"in-tree attach " + string(iscsiName) + "@node-1"},
+					wantResult: Result{WriteNodeStatus: true}, wantEvents: []string{succeeded("pv-iscsi")}},
+			},
+			wantActual: map[cache.Key]attView{key(specISCSI, node1): {State: cache.Attached, DevicePath: "/dev/sdb"}},
+		},
+		{
+			name:   "csi attach completes later and is announced then",
+			pods:   []wants{{podA, node1, []*volume.Spec{specA}}},
+			attach: map[volume.Name]attachReply{specA.Name: {res: AttachResult{AttachmentName: "csi-a"}}},
+			steps: []step{
+				{key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"}},
+				{
+					name:    "VolumeAttachment attached",
+					advance: 3 * time.Second,
+					before: func(e *env) {
+						e.actual.Update(key(specA, node1), false, func(a *cache.Attachment) { a.State = cache.Attached })
+					},
+					key: key(specA, node1), wantResult: Result{WriteNodeStatus: true}, wantEvents: []string{succeeded("pv-a")},
+				},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Name: "csi-a"}},
+			check: func(t *testing.T, e *env) {
+				h := histogram(t, e, metrics.OperationAttach, metrics.StatusSuccess)
+				if h.GetSampleCount() != 1 || h.GetSampleSum() != 3 {
+					t.Errorf("attach duration: %d samples, sum %v; want 1 sample of 3s", h.GetSampleCount(), h.GetSampleSum())
+				}
+			},
+		},
+		{
+			name:        "attached already: nothing",
+			pods:        []wants{{podA, node1, []*volume.Spec{specA}}},
+			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			steps:       []step{{key: key(specA, node1)}},
+			wantActual:  map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Reported: true}},
+		},
+		{
+			name:        "detach of an unmounted volume: withdraw, wait for the status write, detach",
+			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			detach:      map[volume.Name]detachReply{specA.Name: {done: true}},
+			steps: []step{
+				{name: "withdraw", key: key(specA, node1), wantResult: Result{WriteNodeStatus: true}},
+				{name: "still reported", key: key(specA, node1)},
+				{name: "status written", before: func(e *env) { e.writeStatus(node1) }, key: key(specA, node1),
+					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
+			},
+			wantActual: map[cache.Key]attView{},
+		},
+		{
+			name:        "withdrawn but still reported: detach waits",
+			attachments: []cache.Attachment{attached(specA, node1, func(a *cache.Attachment) { a.Withdrawn = true })},
+			steps:       []step{{key: key(specA, node1)}, {advance: time.Hour, key: key(specA, node1)}},
+			wantActual:  map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Reported: true, Withdrawn: true, DetachWanted: true}},
+		},
+		{
+			name: "node status write in flight: detach waits for it",
+			pods: []wants{{podA, node1, []*volume.Spec{specB}}},
+			attachments: []cache.Attachment{
+				attached(specA, node1, withdrawn),
+				attached(specB, node1, func(a *cache.Attachment) { a.Reported = false }),
+			},
+			detach: map[volume.Name]detachReply{specA.Name: {done: true}},
+			steps: []step{
+				{name: "write begun", before: func(e *env) { e.begin(node1) }, key: key(specA, node1)},
+				{name: "write done", before: func(e *env) { e.end(node1, true) }, key: key(specA, node1),
+					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
+			},
+			wantActual: map[cache.Key]attView{key(specB, node1): {State: cache.Attached, Reported: true}},
+		},
+		{
+			name: "failed node status write: detach waits for a successful one",
+			attachments: []cache.Attachment{
+				attached(specA, node1, func(a *cache.Attachment) { a.Withdrawn = true }),
+			},
+			detach: map[volume.Name]detachReply{specA.Name: {done: true}},
+			steps: []step{
+				{name: "write failed", before: func(e *env) { e.begin(node1); e.end(node1, false) }, key: key(specA, node1)},
+				{name: "write done", before: func(e *env) { e.writeStatus(node1) }, key: key(specA, node1),
+					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
+			},
+			wantActual: map[cache.Key]attView{},
+		},
+		{
+			name:        "detach completes later",
+			attachments: []cache.Attachment{attached(specA, node1, withdrawn)},
+			detach:      map[volume.Name]detachReply{specA.Name: {done: false}},
+			steps: []step{
+				{key: key(specA, node1), wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
+				{name: "detaching: wait", key: key(specA, node1)},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Detaching, Withdrawn: true, DetachWanted: true}},
+		},
+		{
+			name:        "detach error is returned and recorded",
+			attachments: []cache.Attachment{attached(specA, node1, withdrawn)},
+			detach:      map[volume.Name]detachReply{specA.Name: {err: errors.New("rpc timeout")}},
+			steps: []step{
+				{key: key(specA, node1), wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"},
+					wantErr: "detach " + string(specA.Name) + " from node node-1: rpc timeout"},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Withdrawn: true, DetachWanted: true, DetachError: "rpc timeout"}},
+		},
+		{
+			name: "recovered in-tree attachment is detached by the in-tree mechanism",
+			attachments: []cache.Attachment{{Key: cache.Key{Volume: iscsiName, Node: node1}, State: cache.Attached,
+				Withdrawn: true, DetachWanted: t0}},
+			detach: map[volume.Name]detachReply{iscsiName: {done: true}},
+			steps: []step{
+				{key: cache.Key{Volume: iscsiName, Node: node1}, wantCalls: []string{"in-tree detach " + string(iscsiName) + "@node-1"}},
+			},
+			wantActual: map[cache.Key]attView{},
+		},
+		{
+			name:        "mounted on a Ready node: detach waits with no timer",
+			nodes:       map[string]cache.NodeInfo{node1: mounted(ready, specA.Name)},
+			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			steps: []step{
+				{key: key(specA, node1)},
+				{advance: time.Hour, key: key(specA, node1)},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Reported: true, DetachWanted: true}},
+		},
+		{
+			name:        "mounted on a node not Ready: forced detach after the max wait",
+			nodes:       map[string]cache.NodeInfo{node1: mounted(cache.NodeInfo{Managed: true}, specA.Name)},
+			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			detach:      map[volume.Name]detachReply{specA.Name: {done: true}},
+			steps: []step{
+				{key: key(specA, node1), wantResult: Result{RequeueAfter: 6 * time.Minute}},
+				{advance: 2 * time.Minute, key: key(specA, node1), wantResult: Result{RequeueAfter: 4 * time.Minute}},
+				{name: "withdraw", advance: 4 * time.Minute, key: key(specA, node1), wantResult: Result{WriteNodeStatus: true}},
+				{name: "status written", before: func(e *env) { e.writeStatus(node1) }, key: key(specA, node1),
+					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
+			},
+			wantActual: map[cache.Key]attView{},
+			wantForced: map[string]float64{ForceTimeout: 1},
+		},
+		{
+			name:        "mounted on a node not Ready, force detach on timeout disabled: waits",
+			cfg:         &Config{MaxWaitForUnmount: 6 * time.Minute, DisableForceDetachOnTimeout: true},
+			nodes:       map[string]cache.NodeInfo{node1: mounted(cache.NodeInfo{Managed: true}, specA.Name)},
+			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			steps: []step{
+				{key: key(specA, node1)},
+				{advance: time.Hour, key: key(specA, node1)},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Reported: true, DetachWanted: true}},
+		},
+		{
+			name:        "mounted on a deleted node: forced detach after the max wait",
+			nodes:       map[string]cache.NodeInfo{node1: mounted(ready, specA.Name)},
+			deleted:     []string{node1},
+			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			detach:      map[volume.Name]detachReply{specA.Name: {done: true}},
+			steps: []step{
+				{key: key(specA, node1), wantResult: Result{RequeueAfter: 6 * time.Minute}},
+				{name: "withdraw", advance: 6 * time.Minute, key: key(specA, node1), wantResult: Result{WriteNodeStatus: true}},
+				{name: "status written", before: func(e *env) { e.writeStatus(node1) }, key: key(specA, node1),
+					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
+			},
+			wantActual: map[cache.Key]attView{},
+			wantForced: map[string]float64{ForceTimeout: 1},
+		},
+		{
+			name: "out-of-service node: detached at once though mounted and Ready",
+			nodes: map[string]cache.NodeInfo{node1: mounted(cache.NodeInfo{Managed: true, Ready: true, OutOfService: true},
+				specA.Name)},
+			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			detach:      map[volume.Name]detachReply{specA.Name: {done: true}},
+			steps: []step{
+				{name: "withdraw", key: key(specA, node1), wantResult: Result{WriteNodeStatus: true}},
+				{name: "status written", before: func(e *env) { e.writeStatus(node1) }, key: key(specA, node1),
+					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
+			},
+			wantActual: map[cache.Key]attView{},
+			wantForced: map[string]float64{ForceOutOfService: 1},
+		},
+		{
+			name:        "RWO attached to another node no pod wants it on: multi-attach error once, attach after the detach",
+			nodes:       map[string]cache.NodeInfo{node1: mounted(ready, specA.Name), node2: ready},
+			pods:        []wants{{podB, node2, []*volume.Spec{specA}}},
+			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			attach:      map[volume.Name]attachReply{specA.Name: {res: AttachResult{Attached: true}}},
+			steps: []step{
+				{key: key(specA, node2), wantEvents: []string{multiAttach("pv-a", exclusive)}},
+				{name: "told once", key: key(specA, node2)},
+				{name: "detached from node-1", before: func(e *env) { e.actual.Delete(key(specA, node1)) }, key: key(specA, node2),
+					wantCalls:  []string{"csi attach " + string(specA.Name) + "@node-2"},
+					wantResult: Result{WriteNodeStatus: true}, wantEvents: []string{succeeded("pv-a")}},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node2): {State: cache.Attached}},
+		},
+		{
+			name:  "RWO used by pods on another node: multi-attach error names them, per namespace",
+			nodes: map[string]cache.NodeInfo{node1: ready, node2: ready},
+			pods: []wants{
+				{podA, node1, []*volume.Spec{specA}}, {podC, node1, []*volume.Spec{specA}}, {podE, node1, []*volume.Spec{specA}},
+				{podB, node2, []*volume.Spec{specA}}, {podD, node2, []*volume.Spec{specA}},
+			},
+			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			steps: []step{
+				{key: key(specA, node2), wantEvents: []string{
+					multiAttach("pv-a", "Volume is already used by pod(s) pod-a, pod-e and 1 pod(s) in different namespaces"),
+					multiAttach("pv-a", "Volume is already used by 3 pod(s) in different namespaces"),
+				}},
+				{name: "told once", key: key(specA, node2)},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Reported: true}},
+		},
+		{
+			name:  "RWO uncertain on another node under its alias: blocked",
+			nodes: map[string]cache.NodeInfo{node1: ready, node2: ready},
+			pods: []wants{{podB, node2, []*volume.Spec{{Name: ebsCSI, Aliases: []volume.Name{ebsInTree}, Kind: volume.KindCSI,
+				Driver: "ebs.csi.aws.com", VolumeHandle: "vol-ebs", PVName: "pv-ebs", SingleNode: true, Migrated: true}}}},
+			attachments: []cache.Attachment{{Key: cache.Key{Volume: ebsInTree, Node: node1}, State: cache.Uncertain, Kind: volume.KindInTree}},
+			steps: []step{
+				{key: cache.Key{Volume: ebsCSI, Node: node2}, wantEvents: []string{multiAttach("pv-ebs", exclusive)}},
+			},
+			wantActual: map[cache.Key]attView{{Volume: ebsInTree, Node: node1}: {State: cache.Uncertain}},
+		},
+		{
+			name:        "RWX on two nodes: both attached",
+			pods:        []wants{{podA, node1, []*volume.Spec{specX}}, {podB, node2, []*volume.Spec{specX}}},
+			attachments: []cache.Attachment{attached(specX, node1, nil)},
+			attach:      map[volume.Name]attachReply{specX.Name: {res: AttachResult{Attached: true}}},
+			steps: []step{
+				{key: key(specX, node2), wantCalls: []string{"csi attach " + string(specX.Name) + "@node-2"},
+					wantResult: Result{WriteNodeStatus: true}, wantEvents: []string{succeeded("pv-x")}},
+			},
+			wantActual: map[cache.Key]attView{
+				key(specX, node1): {State: cache.Attached, Reported: true},
+				key(specX, node2): {State: cache.Attached},
+			},
+		},
+		{
+			name: "uncertain attach is checked again, not announced",
+			pods: []wants{{podA, node1, []*volume.Spec{specA}}},
+			attachments: []cache.Attachment{{Key: key(specA, node1), State: cache.Uncertain, Kind: volume.KindCSI,
+				AttachmentName: "csi-a"}},
+			attach: map[volume.Name]attachReply{specA.Name: {res: AttachResult{AttachmentName: "csi-a"}}},
+			steps: []step{
+				{key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"}},
+				{key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"}},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Uncertain, Unannounced: true, Name: "csi-a"}},
+		},
+		{
+			name:   "attach error: warned once per message, returned for backoff",
+			pods:   []wants{{podA, node1, []*volume.Spec{specA}}},
+			attach: map[volume.Name]attachReply{specA.Name: {res: AttachResult{AttachmentName: "csi-a"}, err: &AttachError{Message: "disk busy"}}},
+			steps: []step{
+				{key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"},
+					wantErr: "attach " + string(specA.Name) + " to node node-1: disk busy", wantAttachError: true,
+					wantEvents: []string{failed("pv-a", "disk busy")}},
+				{name: "same error: no event", key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"},
+					wantErr: "attach " + string(specA.Name) + " to node node-1: disk busy", wantAttachError: true},
+				{
+					name: "another error: event",
+					before: func(e *env) {
+						e.attach[specA.Name] = attachReply{res: AttachResult{AttachmentName: "csi-a"}, err: &AttachError{Message: "quota exceeded"}}
+					},
+					key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"},
+					wantErr: "attach " + string(specA.Name) + " to node node-1: quota exceeded", wantAttachError: true,
+					wantEvents: []string{failed("pv-a", "quota exceeded")},
+				},
+			},
+			wantActual:       map[cache.Key]attView{key(specA, node1): {State: cache.Uncertain, Unannounced: true, Name: "csi-a", AttachError: "quota exceeded"}},
+			wantAttachErrors: map[string]float64{"kubernetes.io/csi:d.example.com": 3},
+			check: func(t *testing.T, e *env) {
+				if got := samples(t, e, metrics.OperationAttach, metrics.StatusFailUnknown); got != 3 {
+					t.Errorf("failed attach operations observed: %d, want 3", got)
+				}
+			},
+		},
+		{
+			name: "in-tree plugin missing: nothing recorded as attached",
+			pods: []wants{{podA, node1, []*volume.Spec{specEBSInTree}}},
+			attach: map[volume.Name]attachReply{ebsInTree: {
+				err: fmt.Errorf("node node-1: %w", &intree.NoAttacherError{Plugin: "kubernetes.io/aws-ebs"})}},
+			steps: []step{
+				{key: key(specEBSInTree, node1), wantCalls: []string{"in-tree attach " + string(ebsInTree) + "@node-1"},
+					wantErr:    "attach " + string(ebsInTree) + " to node node-1: node node-1: " + noAttacher,
+					wantEvents: []string{failed("pv-ebs", "node node-1: "+noAttacher)}},
+			},
+			wantActual:       map[cache.Key]attView{},
+			wantAttachErrors: map[string]float64{"kubernetes.io/aws-ebs": 1},
+		},
+		{
+			name:   "attach error, then success",
+			pods:   []wants{{podA, node1, []*volume.Spec{specA}}},
+			attach: map[volume.Name]attachReply{specA.Name: {err: errors.New("apiserver down")}},
+			steps: []step{
+				{key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"},
+					wantErr: "attach " + string(specA.Name) + " to node node-1: apiserver down", wantEvents: []string{failed("pv-a", "apiserver down")}},
+				{
+					advance: time.Second,
+					before:  func(e *env) { e.attach[specA.Name] = attachReply{res: AttachResult{Attached: true}} },
+					key:     key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"},
+					wantResult: Result{WriteNodeStatus: true}, wantEvents: []string{succeeded("pv-a")},
+				},
+			},
+			wantActual:       map[cache.Key]attView{key(specA, node1): {State: cache.Attached}},
+			wantAttachErrors: map[string]float64{"kubernetes.io/csi:d.example.com": 1},
+		},
+		{
+			name:        "wanted again while withdrawn: reported again",
+			pods:        []wants{{podA, node1, []*volume.Spec{specA}}},
+			attachments: []cache.Attachment{attached(specA, node1, withdrawn)},
+			steps: []step{
+				{key: key(specA, node1), wantResult: Result{WriteNodeStatus: true}},
+				{key: key(specA, node1)},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Attached}},
+		},
+		{
+			name:        "wanted again while waiting for the unmount: max wait forgotten",
+			pods:        []wants{{podA, node1, []*volume.Spec{specA}}},
+			attachments: []cache.Attachment{attached(specA, node1, func(a *cache.Attachment) { a.DetachWanted = t0 })},
+			steps:       []step{{key: key(specA, node1)}},
+			wantActual:  map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Reported: true}},
+		},
+		{
+			name: "pending mechanism, nothing attached: blocked with an error and a warning",
+			pods: []wants{{podA, node1, []*volume.Spec{specPending}}},
+			steps: []step{
+				{key: key(specPending, node1), wantErr: "volume " + string(ebsInTree) + " on node node-1: " + pendingReason,
+					wantEvents: []string{failed("pv-ebs", pendingReason)}},
+				{key: key(specPending, node1), wantErr: "volume " + string(ebsInTree) + " on node node-1: " + pendingReason},
+			},
+			wantActual: map[cache.Key]attView{},
+		},
+		{
+			name: "pending mechanism, alias attached on this node: nothing, alias kept",
+			pods: []wants{{podA, node1, []*volume.Spec{specPending}}},
+			attachments: []cache.Attachment{{Key: cache.Key{Volume: ebsCSI, Node: node1}, State: cache.Attached, Kind: volume.KindCSI,
+				Reported: true}},
+			steps: []step{
+				{key: key(specPending, node1)},
+				{name: "the alias", key: cache.Key{Volume: ebsCSI, Node: node1}},
+				{name: "the alias later", advance: time.Hour, key: cache.Key{Volume: ebsCSI, Node: node1}},
+			},
+			wantActual: map[cache.Key]attView{{Volume: ebsCSI, Node: node1}: {State: cache.Attached, Reported: true}},
+		},
+		{
+			name: "pending mechanism, alias withdrawn on this node: reported again",
+			pods: []wants{{podA, node1, []*volume.Spec{specPending}}},
+			attachments: []cache.Attachment{{Key: cache.Key{Volume: ebsCSI, Node: node1}, State: cache.Attached, Kind: volume.KindCSI,
+				Withdrawn: true, DetachWanted: t0}},
+			steps: []step{
+				{name: "the alias", key: cache.Key{Volume: ebsCSI, Node: node1}, wantResult: Result{WriteNodeStatus: true}},
+			},
+			wantActual: map[cache.Key]attView{{Volume: ebsCSI, Node: node1}: {State: cache.Attached}},
+		},
+		{
+			name:        "node not managed: nothing",
+			nodes:       map[string]cache.NodeInfo{node1: {Ready: true}},
+			pods:        []wants{{podA, node1, []*volume.Spec{specB}}},
+			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			steps:       []step{{key: key(specA, node1)}, {key: key(specB, node1)}},
+			wantActual:  map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Reported: true}},
+		},
+		{
+			name: "detaching: wait, wanted or not",
+			pods: []wants{{podB, node2, []*volume.Spec{specX}}},
+			attachments: []cache.Attachment{
+				{Key: key(specA, node1), State: cache.Detaching, Withdrawn: true},
+				{Key: key(specX, node2), State: cache.Detaching, Withdrawn: true},
+			},
+			steps: []step{{key: key(specA, node1)}, {key: key(specX, node2)}},
+			wantActual: map[cache.Key]attView{
+				key(specA, node1): {State: cache.Detaching, Withdrawn: true, DetachWanted: true},
+				key(specX, node2): {State: cache.Detaching, Withdrawn: true},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := Config{MaxWaitForUnmount: 6 * time.Minute}
+			if tt.cfg != nil {
+				cfg = *tt.cfg
+			}
+			e := newEnv(t, cfg)
+			for n, r := range tt.attach {
+				e.attach[n] = r
+			}
+			for n, r := range tt.detach {
+				e.detach[n] = r
+			}
+			nodes := tt.nodes
+			if nodes == nil {
+				nodes = map[string]cache.NodeInfo{node1: ready, node2: ready}
+			}
+			for name, info := range nodes {
+				e.actual.SetNode(name, info)
+			}
+			for _, a := range tt.attachments {
+				e.actual.Update(a.Key, true, func(at *cache.Attachment) { *at = a })
+			}
+			for _, name := range tt.deleted {
+				e.actual.DeleteNode(name)
+			}
+			for _, w := range tt.pods {
+				e.desired.SetPod(w.pod, w.node, w.specs)
+			}
+			_, ctx := ktesting.NewTestContext(t)
+
+			for i, s := range tt.steps {
+				e.now = e.now.Add(s.advance)
+				if s.before != nil {
+					s.before(e)
+				}
+				e.calls = nil
+				res, err := e.r.Sync(ctx, s.key)
+				what := s.name
+				if what == "" {
+					what = s.key.String()
+				}
+				if !reflect.DeepEqual(e.calls, s.wantCalls) {
+					t.Errorf("step %d (%s): mechanism calls %q, want %q", i, what, e.calls, s.wantCalls)
+				}
+				if res != s.wantResult {
+					t.Errorf("step %d (%s): result %+v, want %+v", i, what, res, s.wantResult)
+				}
+				gotErr := ""
+				if err != nil {
+					gotErr = err.Error()
+				}
+				if gotErr != s.wantErr {
+					t.Errorf("step %d (%s): error %q, want %q", i, what, gotErr, s.wantErr)
+				}
+				var ae *AttachError
+				if got := errors.As(err, &ae); got != s.wantAttachError {
+					t.Errorf("step %d (%s): error wraps an AttachError: %v, want %v", i, what, got, s.wantAttachError)
+				}
+				if got := e.events(); !reflect.DeepEqual(got, s.wantEvents) {
+					t.Errorf("step %d (%s): events %q, want %q", i, what, got, s.wantEvents)
+				}
+			}
+
+			got := map[cache.Key]attView{}
+			for _, a := range e.actual.Attachments() {
+				got[a.Key] = view(a)
+			}
+			if !reflect.DeepEqual(got, tt.wantActual) {
+				t.Errorf("actual state:\n got %+v\nwant %+v", got, tt.wantActual)
+			}
+			for _, reason := range []string{ForceTimeout, ForceOutOfService} {
+				if got := testutil.ToFloat64(e.m.ForcedDetaches.WithLabelValues(reason)); got != tt.wantForced[reason] {
+					t.Errorf("forced detaches{reason=%q} = %v, want %v", reason, got, tt.wantForced[reason])
+				}
+			}
+			if got := testutil.CollectAndCount(e.m.AttachErrors); got != len(tt.wantAttachErrors) {
+				t.Errorf("attach errors counted for %d plugins, want %v", got, tt.wantAttachErrors)
+			}
+			for plugin, want := range tt.wantAttachErrors {
+				if got := testutil.ToFloat64(e.m.AttachErrors.WithLabelValues(plugin)); got != want {
+					t.Errorf("attach errors{plugin_name=%q} = %v, want %v", plugin, got, want)
+				}
+			}
+			if tt.check != nil {
+				tt.check(t, e)
+			}
+		})
+	}
+}
+
+func TestDecideReasons(t *testing.T) {
+	// The reason is what an operator reads when asking why a volume is not
+	// attached or detached; a few must name the obstacle.
+	tests := []struct {
+		name       string
+		nodes      map[string]cache.NodeInfo
+		pods       []wants
+		attachment *cache.Attachment
+		key        cache.Key
+		wantAction Action
+		wantReason string
+	}{
+		{
+			name: "not managed", nodes: map[string]cache.NodeInfo{node1: {}}, key: key(specA, node1),
+			wantAction: Nothing, wantReason: "node node-1 is not managed by this controller (no volumes.kubernetes.io/controller-managed-attach-detach annotation)",
+		},
+		{
+			name: "multi-attach", pods: []wants{{podB, node2, []*volume.Spec{specA}}},
+			attachment: &cache.Attachment{Key: key(specA, node1), State: cache.Attached}, key: key(specA, node2),
+			wantAction: Blocked, wantReason: "volume is already exclusively attached to node node-1 and can't be attached to another",
+		},
+		{
+			name:       "mounted",
+			nodes:      map[string]cache.NodeInfo{node1: {Managed: true, Ready: true, InUse: map[volume.Name]bool{specA.Name: true}}},
+			attachment: &cache.Attachment{Key: key(specA, node1), State: cache.Attached}, key: key(specA, node1),
+			wantAction: Wait, wantReason: "still mounted on node node-1 (in node.status.volumesInUse); waiting for kubelet to unmount it",
+		},
+		{
+			name: "pending", pods: []wants{{podA, node1, []*volume.Spec{specPending}}}, key: key(specPending, node1),
+			wantAction: Blocked, wantReason: pendingReason,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, Config{MaxWaitForUnmount: time.Minute})
+			nodes := tt.nodes
+			if nodes == nil {
+				nodes = map[string]cache.NodeInfo{node1: {Managed: true, Ready: true}, node2: {Managed: true, Ready: true}}
+			}
+			for n, info := range nodes {
+				e.actual.SetNode(n, info)
+			}
+			if a := tt.attachment; a != nil {
+				e.actual.Update(a.Key, true, func(at *cache.Attachment) { *at = *a })
+			}
+			for _, w := range tt.pods {
+				e.desired.SetPod(w.pod, w.node, w.specs)
+			}
+			d := e.r.Decide(tt.key, t0)
+			if d.Action != tt.wantAction || d.Reason != tt.wantReason {
+				t.Errorf("Decide = %s: %q; want %s: %q", d.Action, d.Reason, tt.wantAction, tt.wantReason)
+			}
+			if !strings.HasPrefix(d.String(), string(tt.wantAction)+": ") {
+				t.Errorf("String() = %q", d.String())
+			}
+		})
+	}
+}

@@ -1,0 +1,130 @@
+package reconciler
+
+import (
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+func TestSafeToDetach(t *testing.T) {
+	k := key(specA, node1)
+	inUse := map[volume.Name]bool{specA.Name: true}
+	cfg := Config{MaxWaitForUnmount: 6 * time.Minute}
+	disabled := Config{MaxWaitForUnmount: 6 * time.Minute, DisableForceDetachOnTimeout: true}
+	tests := []struct {
+		name      string
+		node      cache.NodeInfo
+		elapsed   time.Duration // since the detach was first wanted
+		cfg       Config
+		wantForce string
+		wantAfter time.Duration
+		wantWait  string // "": may detach
+	}{
+		{name: "not mounted, healthy", node: cache.NodeInfo{Exists: true, Ready: true}, cfg: cfg},
+		{name: "not mounted, not ready", node: cache.NodeInfo{Exists: true}, cfg: cfg},
+		{name: "another volume mounted", node: cache.NodeInfo{Exists: true, Ready: true, InUse: map[volume.Name]bool{specB.Name: true}}, cfg: cfg},
+		{
+			name: "mounted, healthy", node: cache.NodeInfo{Exists: true, Ready: true, InUse: inUse}, elapsed: time.Hour, cfg: cfg,
+			wantWait: "still mounted on node node-1 (in node.status.volumesInUse); waiting for kubelet to unmount it",
+		},
+		{
+			name: "mounted, out of service though ready", node: cache.NodeInfo{Exists: true, Ready: true, OutOfService: true, InUse: inUse}, cfg: cfg,
+			wantForce: ForceOutOfService,
+		},
+		{
+			name: "mounted, out of service, timeout disabled", node: cache.NodeInfo{Exists: true, OutOfService: true, InUse: inUse}, cfg: disabled,
+			wantForce: ForceOutOfService,
+		},
+		{
+			name: "mounted, not ready, just now", node: cache.NodeInfo{Exists: true, InUse: inUse}, cfg: cfg,
+			wantAfter: 6 * time.Minute, wantWait: "still mounted on unhealthy node node-1; forced detach in 6m0s unless it is unmounted",
+		},
+		{
+			name: "mounted, not ready, a second before the max wait", node: cache.NodeInfo{Exists: true, InUse: inUse},
+			elapsed: 6*time.Minute - time.Second, cfg: cfg,
+			wantAfter: time.Second, wantWait: "still mounted on unhealthy node node-1; forced detach in 1s unless it is unmounted",
+		},
+		{
+			name: "mounted, not ready, max wait over", node: cache.NodeInfo{Exists: true, InUse: inUse}, elapsed: 6 * time.Minute, cfg: cfg,
+			wantForce: ForceTimeout,
+		},
+		{
+			name: "mounted, node deleted (last seen ready), max wait over", node: cache.NodeInfo{Exists: false, Ready: true, InUse: inUse},
+			elapsed: 7 * time.Minute, cfg: cfg,
+			wantForce: ForceTimeout,
+		},
+		{
+			name: "mounted, node deleted, before the max wait", node: cache.NodeInfo{Exists: false, Ready: true, InUse: inUse},
+			elapsed: time.Minute, cfg: cfg,
+			wantAfter: 5 * time.Minute, wantWait: "still mounted on unhealthy node node-1; forced detach in 5m0s unless it is unmounted",
+		},
+		{
+			name: "mounted, not ready, timeout disabled", node: cache.NodeInfo{Exists: true, InUse: inUse}, elapsed: 24 * time.Hour, cfg: disabled,
+			wantWait: "still mounted on unhealthy node node-1 and forced detach on timeout is disabled",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			force, after, wait := safeToDetach(k, tt.node, t0, t0.Add(tt.elapsed), tt.cfg)
+			if force != tt.wantForce || after != tt.wantAfter || wait != tt.wantWait {
+				t.Errorf("safeToDetach = %q, %v, %q; want %q, %v, %q", force, after, wait, tt.wantForce, tt.wantAfter, tt.wantWait)
+			}
+		})
+	}
+}
+
+func TestSingleNodeAccessConflict(t *testing.T) {
+	migrated := &volume.Spec{Name: ebsCSI, Aliases: []volume.Name{ebsInTree}, Kind: volume.KindCSI, SingleNode: true}
+	tests := []struct {
+		name        string
+		spec        *volume.Spec
+		attachments []cache.Attachment
+		want        []cache.Key
+	}{
+		{name: "multi-node volume attached elsewhere", spec: specX,
+			attachments: []cache.Attachment{{Key: key(specX, node1), State: cache.Attached}}},
+		{name: "single-node volume attached nowhere", spec: specA},
+		{name: "single-node volume attached on this node only", spec: specA,
+			attachments: []cache.Attachment{{Key: key(specA, node2), State: cache.Attached}}},
+		{name: "another volume attached elsewhere", spec: specA,
+			attachments: []cache.Attachment{{Key: key(specB, node1), State: cache.Attached}}},
+		{name: "attached elsewhere", spec: specA,
+			attachments: []cache.Attachment{{Key: key(specA, node1), State: cache.Attached}},
+			want:        []cache.Key{key(specA, node1)}},
+		{name: "uncertain elsewhere", spec: specA,
+			attachments: []cache.Attachment{{Key: key(specA, node1), State: cache.Uncertain}},
+			want:        []cache.Key{key(specA, node1)}},
+		{name: "detaching elsewhere", spec: specA,
+			attachments: []cache.Attachment{{Key: key(specA, node1), State: cache.Detaching}},
+			want:        []cache.Key{key(specA, node1)}},
+		{name: "elsewhere under its alias and its name", spec: migrated,
+			attachments: []cache.Attachment{
+				{Key: cache.Key{Volume: ebsInTree, Node: node1}, State: cache.Attached},
+				{Key: cache.Key{Volume: ebsCSI, Node: "node-3"}, State: cache.Uncertain},
+				{Key: cache.Key{Volume: ebsCSI, Node: node2}, State: cache.Attached},
+			},
+			want: []cache.Key{{Volume: ebsInTree, Node: node1}, {Volume: ebsCSI, Node: "node-3"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			actual := cache.NewActualState()
+			for _, a := range tt.attachments {
+				actual.Update(a.Key, true, func(at *cache.Attachment) { *at = a })
+			}
+			got := singleNodeAccessConflict(tt.spec, node2, actual)
+			sortKeys := func(keys []cache.Key) []cache.Key {
+				keys = slices.Clone(keys)
+				slices.SortFunc(keys, func(a, b cache.Key) int { return strings.Compare(a.String(), b.String()) })
+				return keys
+			}
+			if len(got) != len(tt.want) || (len(got) > 0 && !reflect.DeepEqual(sortKeys(got), sortKeys(tt.want))) {
+				t.Errorf("singleNodeAccessConflict = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
