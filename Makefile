@@ -14,7 +14,10 @@ GO_TEST     ?= go test
 TEST_FLAGS  ?= -count=1
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build tools test test-unit test-integration verify clean
+# The stack `make demo` and `make test-e2e` run (test/e2e/stack).
+E2E_TOOLS := etcd kube-apiserver csi-attacher csi-mock-driver
+
+.PHONY: all build tools test test-unit test-integration test-e2e demo verify clean
 
 all: build
 
@@ -26,13 +29,27 @@ build:
 tools:
 	hack/build-tools.sh etcd kube-apiserver
 
-test: test-unit test-integration
+test: test-unit test-integration test-e2e
 
 test-unit:
 	$(GO_TEST) $(TEST_FLAGS) -race ./pkg/... ./cmd/...
 
 test-integration: tools
-	$(GO_TEST) $(TEST_FLAGS) -timeout 20m ./test/...
+	$(GO_TEST) $(TEST_FLAGS) -timeout 20m $$(go list ./test/... | grep -v /test/e2e)
+
+# The controller binary with the real CSI external-attacher, a CSI mock driver
+# and simulated kubelets; test/e2e builds the controller and kubeletsim itself.
+test-e2e:
+	hack/build-tools.sh $(E2E_TOOLS)
+	$(GO_TEST) $(TEST_FLAGS) -timeout 10m ./test/e2e/...
+
+# Ctrl-C stops it and removes everything; DEMO_DURATION=60s stops it by itself
+# (exit code 1 if the story did not complete).
+demo: build
+	hack/build-tools.sh $(E2E_TOOLS)
+	go build -o $(BIN_DIR)/kubeletsim ./test/kubeletsim
+	go build -o $(BIN_DIR)/demo ./hack/demo
+	$(BIN_DIR)/demo
 
 verify:
 	@out="$$(gofmt -l $$(git ls-files '*.go'))"; if [[ -n "$$out" ]]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -3,7 +3,7 @@
 # separate Go module in hack/tools, into _output/bin/NAME.
 #
 # Usage: hack/build-tools.sh NAME...
-#   NAME is one of: etcd kube-apiserver kube-controller-manager csi-attacher csi-mock-driver
+#   NAME is one of: etcd kube-apiserver kube-controller-manager kubectl csi-attacher csi-mock-driver
 #
 # A tool is rebuilt only when its binary is missing or its stamp is stale. The
 # stamp (_output/bin/.NAME.stamp) is the sha256 of hack/tools/go.mod, go.sum and
@@ -29,6 +29,7 @@ package_for() {
     etcd) echo "go.etcd.io/etcd/server/v3" ;;
     kube-apiserver) echo "k8s.io/kubernetes/cmd/kube-apiserver" ;;
     kube-controller-manager) echo "k8s.io/kubernetes/cmd/kube-controller-manager" ;;
+    kubectl) echo "k8s.io/kubernetes/cmd/kubectl" ;;
     csi-attacher) echo "github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher" ;;
     csi-mock-driver) echo "./csi-mock-driver" ;;
     *) return 1 ;;
@@ -68,7 +69,7 @@ build_in_scratch_module() {
 
 usage() {
   echo "usage: $0 NAME..." >&2
-  echo "  NAME: etcd kube-apiserver kube-controller-manager csi-attacher csi-mock-driver" >&2
+  echo "  NAME: etcd kube-apiserver kube-controller-manager kubectl csi-attacher csi-mock-driver" >&2
   exit 2
 }
 

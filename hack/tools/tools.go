@@ -1,8 +1,9 @@
 //go:build tools
 
 // Package tools pins the binaries the tests and benchmarks run against: a real
-// kube-apiserver, etcd and kube-controller-manager, all built from source, and the
-// CSI external-attacher that turns VolumeAttachments into ControllerPublish calls.
+// kube-apiserver, etcd and kube-controller-manager, all built from source, the
+// CSI external-attacher that turns VolumeAttachments into ControllerPublish calls,
+// and kubectl, which renders the kustomize manifests and dry-runs them.
 package tools
 
 import (
@@ -10,4 +11,5 @@ import (
 	_ "go.etcd.io/etcd/server/v3"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kubectl"
 )

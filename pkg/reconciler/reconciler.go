@@ -115,7 +115,7 @@ func (r *Reconciler) Sync(ctx context.Context, k cache.Key) (Result, error) {
 		return r.attach(ctx, d, now)
 	case Blocked:
 		if len(d.Elsewhere) > 0 {
-			r.warnOnce(d, "FailedAttachVolume", r.multiAttachMessage(d))
+			r.warnMultiAttach(d)
 			// The other node's detach re-queues this key.
 			return Result{}, nil
 		}
@@ -289,16 +289,38 @@ func (r *Reconciler) announceAttached(d Decision) {
 // warnOnce posts a Warning event to each of the key's pods, with the message
 // msg gives for it, unless that pod was already told the same.
 func (r *Reconciler) warnOnce(d Decision, reason string, msg func(cache.PodRef) string) {
+	r.warn(d, reason, msg, "")
+}
+
+// multiAttachWarned stands for "told of the Multi-Attach error" among the
+// messages a pod was told.
+const multiAttachWarned = "\x00multi-attach"
+
+// warnMultiAttach posts the Multi-Attach warning to each of the key's pods
+// that was not already given one, whatever it said then: its wording changes
+// while the pod waits (the other pod goes, its detach has yet to finish), and
+// the waiting pod is told once.
+func (r *Reconciler) warnMultiAttach(d Decision) {
+	r.warn(d, "FailedAttachVolume", r.multiAttachMessage(d), multiAttachWarned)
+}
+
+// warn posts msg to each pod not told seen before (the message itself when
+// seen is empty).
+func (r *Reconciler) warn(d Decision, reason string, msg func(cache.PodRef) string, seen string) {
 	for _, p := range d.Pods {
 		m := msg(p)
+		seen := seen
+		if seen == "" {
+			seen = m
+		}
 		r.mu.Lock()
 		byPod := r.told[d.Key]
 		if byPod == nil {
 			byPod = map[string]string{}
 			r.told[d.Key] = byPod
 		}
-		told := byPod[p.String()+"/"+p.UID] == m
-		byPod[p.String()+"/"+p.UID] = m
+		told := byPod[p.String()+"/"+p.UID] == seen
+		byPod[p.String()+"/"+p.UID] = seen
 		r.mu.Unlock()
 		if !told {
 			r.recorder.Event(podReference(p), v1.EventTypeWarning, reason, m)

@@ -501,6 +501,18 @@ func TestSync(t *testing.T) {
 			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Reported: true}},
 		},
 		{
+			name:        "RWO: the waiting pod is told once, though the wording changes while the other node detaches",
+			nodes:       map[string]cache.NodeInfo{node1: mounted(ready, specA.Name), node2: ready},
+			pods:        []wants{{podA, node1, []*volume.Spec{specA}}, {podB, node2, []*volume.Spec{specA}}},
+			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			steps: []step{
+				{key: key(specA, node2), wantEvents: []string{multiAttach("pv-a", "Volume is already used by pod(s) pod-a")}},
+				{name: "pod-a gone, node-1 still attached: not told again",
+					before: func(e *env) { e.desired.SetPod(podA, node1, nil) }, key: key(specA, node2)},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Reported: true}},
+		},
+		{
 			name:  "RWO uncertain on another node under its alias: blocked",
 			nodes: map[string]cache.NodeInfo{node1: ready, node2: ready},
 			pods: []wants{{podB, node2, []*volume.Spec{{Name: ebsCSI, Aliases: []volume.Name{ebsInTree}, Kind: volume.KindCSI,

@@ -209,10 +209,12 @@ func StartTWithOptions(t testing.TB, opts Options) *Cluster {
 // Tests sharing a cluster should each work in their own namespace and use
 // unique names for cluster-scoped objects (nodes, PVs, CSIDrivers).
 func RunMain(m *testing.M, opts Options, fn func(*Cluster)) {
-	os.Exit(runMain(m, opts, fn))
+	os.Exit(Run(m, opts, fn))
 }
 
-func runMain(m *testing.M, opts Options, fn func(*Cluster)) int {
+// Run is RunMain without the exit: it returns the tests' exit code, for a
+// TestMain with clean-up of its own to do after the cluster is stopped.
+func Run(m *testing.M, opts Options, fn func(*Cluster)) int {
 	if opts.Logger.GetSink() == nil {
 		opts.Logger = klog.Background()
 	}

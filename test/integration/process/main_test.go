@@ -20,10 +20,12 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	defer os.RemoveAll(dir)
 	binary, err = framework.BuildController(dir)
 	if err != nil {
+		os.RemoveAll(dir)
 		panic(err)
 	}
-	framework.RunMain(m, framework.Options{}, func(c *framework.Cluster) { cluster = c })
+	code := framework.Run(m, framework.Options{}, func(c *framework.Cluster) { cluster = c })
+	os.RemoveAll(dir)
+	os.Exit(code)
 }

@@ -147,7 +147,7 @@ func (s *Simulator) Run(ctx context.Context) error {
 
 	uids, err := s.registerNodes(ctx)
 	if err != nil {
-		return fmt.Errorf("register nodes: %w", err)
+		return stopCause(ctx, fmt.Errorf("register nodes: %w", err))
 	}
 
 	var wg sync.WaitGroup
@@ -162,7 +162,7 @@ func (s *Simulator) Run(ctx context.Context) error {
 	if delay, create := s.opts.csiNodes(); create {
 		if delay == 0 {
 			if err := s.registerCSINodes(ctx, uids); err != nil {
-				return fmt.Errorf("register CSINodes: %w", err)
+				return stopCause(ctx, fmt.Errorf("register CSINodes: %w", err))
 			}
 		} else {
 			logger.Info("CSINodes will be created later", "delay", delay)
@@ -202,8 +202,9 @@ func (s *Simulator) Run(ctx context.Context) error {
 	return stopCause(ctx, nil)
 }
 
-// stopCause is what Run returns once ctx is done: nil when the caller
-// cancelled it, the failure that cancelled it otherwise.
+// stopCause is what Run returns: ifRunning while ctx is live; once ctx is
+// done, nil when the caller cancelled it (whatever failed because of that),
+// or the failure that cancelled it.
 func stopCause(ctx context.Context, ifRunning error) error {
 	if ctx.Err() == nil {
 		return ifRunning
@@ -454,7 +455,7 @@ func (s *Simulator) onPV(obj any) {
 	objs, err := s.claims.ByIndex(claimsByVolumeID, pv.Name)
 	if err != nil {
 		// Only an unknown index name fails; that is a bug, not a state.
-		panic(fmt.Sprintf("claims index %s: %v", claimsByVolumeID, err))
+		panic(fmt.Errorf("claims index %s: %w", claimsByVolumeID, err))
 	}
 	for _, obj := range objs {
 		pvc := obj.(*v1.PersistentVolumeClaim)
@@ -468,7 +469,8 @@ func (s *Simulator) onPV(obj any) {
 func (s *Simulator) enqueueClaimUsers(claimKey string) {
 	objs, err := s.pods.ByIndex(podsByClaim, claimKey)
 	if err != nil {
-		panic(fmt.Sprintf("pods index %s: %v", podsByClaim, err))
+		// As above: only an unknown index name fails.
+		panic(fmt.Errorf("pods index %s: %w", podsByClaim, err))
 	}
 	for _, obj := range objs {
 		if pod := obj.(*v1.Pod); s.nodeSet.Has(pod.Spec.NodeName) {

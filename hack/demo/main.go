@@ -1,0 +1,81 @@
+// Command demo shows the attach/detach controller doing its job on a local,
+// throw-away cluster: `make demo` builds what it needs and runs it.
+//
+// It starts etcd, kube-apiserver, this controller, for two CSI drivers a mock
+// driver with the real CSI external-attacher, and kubeletsim for three nodes,
+// all on loopback (package test/e2e/stack). Then it plays a short story and
+// prints what happens as it happens:
+//
+//  1. pods with claims bound to CSI volumes, an RWX volume on two nodes, an
+//     in-tree AWS EBS volume on nodes that migrate it to CSI, and one RWO
+//     volume wanted by pods on two nodes: the second pod gets a Multi-Attach
+//     warning, and /explain says why it waits;
+//  2. the first pod of the RWO volume is deleted: kubeletsim unmounts it, the
+//     controller detaches it and attaches it to the other node.
+//
+// After the story it keeps watching until Ctrl-C (or --duration), which
+// stops every process and removes the cluster's temp directory.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// durationEnv sets the default of --duration, for `DEMO_DURATION=60s make demo`.
+const durationEnv = "DEMO_DURATION"
+
+type options struct {
+	binDir   string
+	duration time.Duration
+	nodes    int
+	pause    time.Duration
+}
+
+func main() {
+	fs := flag.NewFlagSet("demo", flag.ExitOnError)
+	opts := options{nodes: 3, pause: 5 * time.Second}
+	if v := os.Getenv(durationEnv); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s=%q: %s\n", durationEnv, v, err)
+			os.Exit(2)
+		}
+		opts.duration = d
+	}
+	fs.StringVar(&opts.binDir, "bin-dir", "", "Directory of etcd, kube-apiserver, csi-attacher, csi-mock-driver, attach-detach-controller and kubeletsim. Default: _output/bin of the module.")
+	fs.DurationVar(&opts.duration, "duration", opts.duration, "Stop by itself this long after the start, once the story is told (default $"+durationEnv+"); 0 runs until Ctrl-C. The story fails the run (exit code 1) if it does not complete.")
+	fs.DurationVar(&opts.pause, "pause", opts.pause, "Pause between the story's steps, to read the output; none with --duration.")
+	klog.InitFlags(fs)
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	if opts.duration < 0 {
+		fmt.Fprintf(os.Stderr, "--duration must not be negative, got %s\n", opts.duration)
+		os.Exit(2)
+	}
+	if opts.duration > 0 {
+		opts.pause = 0
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, opts, newPrinter(os.Stdout))
+	klog.Flush()
+	switch {
+	case errors.Is(err, context.Canceled):
+		// Ctrl-C: the way to stop the demo.
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "demo failed:", err)
+		os.Exit(1)
+	}
+}

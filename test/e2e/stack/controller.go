@@ -1,0 +1,128 @@
+package stack
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kube-attach/attach-detach-controller/test/framework"
+)
+
+// Controller is a running attach-detach-controller.
+type Controller struct {
+	*Process
+	// URL is its HTTP endpoint: /metrics, /healthz, /readyz, /explain.
+	URL string
+}
+
+// StartController starts the controller binary against the cluster, without
+// leader election (one replica runs at a time here, and a lease left by a
+// killed one would only delay the next), and returns once /readyz answers
+// ok: its state is rebuilt. extraArgs are appended to the flags.
+func (s *Stack) StartController(ctx context.Context, extraArgs ...string) (*Controller, error) {
+	for attempt := 1; ; attempt++ {
+		c, err := s.startController(ctx, extraArgs)
+		if err == nil {
+			return c, nil
+		}
+		if attempt == portAttempts || c == nil || !strings.Contains(c.Log(), "address already in use") {
+			return nil, err
+		}
+		s.logger.Info("Controller lost a port race, retrying with another port", "attempt", attempt)
+	}
+}
+
+func (s *Stack) startController(ctx context.Context, extraArgs []string) (*Controller, error) {
+	port, err := framework.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	args := append([]string{
+		"--kubeconfig=" + s.Cluster.Kubeconfig,
+		"--leader-elect=false",
+		"--http-endpoint=" + addr,
+		"-v=2",
+	}, extraArgs...)
+	p, err := s.start(ControllerBinary, s.controllerBin, args...)
+	if err != nil {
+		return nil, err
+	}
+	c := &Controller{Process: p, URL: "http://" + addr}
+	err = poll(ctx, startTimeout, p, "/readyz of "+p.Name, func(ctx context.Context) (bool, error) {
+		_, code, err := c.get(ctx, "/readyz")
+		return err == nil && code == http.StatusOK, nil
+	})
+	if err != nil {
+		return c, err
+	}
+	s.logger.V(1).Info("Controller ready", "url", c.URL, "pid", p.Pid(), "log", p.LogPath)
+	return c, nil
+}
+
+// get fetches path from the controller's HTTP endpoint.
+func (c *Controller) get(ctx context.Context, path string) ([]byte, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.URL+path, nil)
+	if err != nil {
+		return nil, 0, fmt.Errorf("request %s: %w", path, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, 0, fmt.Errorf("get %s%s: %w", c.URL, path, err)
+	}
+	defer func() { _ = resp.Body.Close() }() // read fully below; nothing to lose
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, resp.StatusCode, fmt.Errorf("read %s%s: %w", c.URL, path, err)
+	}
+	return body, resp.StatusCode, nil
+}
+
+// Metrics scrapes /metrics.
+func (c *Controller) Metrics(ctx context.Context) (Metrics, error) {
+	body, code, err := c.get(ctx, "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("get /metrics: status %d: %s", code, body)
+	}
+	return ParseMetrics(string(body))
+}
+
+// Explanation is one volume of an /explain answer: what the controller
+// will do with the volume on the node, and why.
+type Explanation struct {
+	Volume   string   `json:"volume"`
+	Node     string   `json:"node"`
+	Action   string   `json:"action"`
+	Reason   string   `json:"reason"`
+	Desired  bool     `json:"desired"`
+	Pods     []string `json:"pods,omitempty"`
+	State    string   `json:"state,omitempty"`
+	Reported bool     `json:"reportedInNodeStatus"`
+	Error    string   `json:"lastError,omitempty"`
+}
+
+// Explain asks /explain about every volume of the pod namespace/name. raw is
+// the JSON as served.
+func (c *Controller) Explain(ctx context.Context, pod string) (explanations []Explanation, raw string, err error) {
+	body, code, err := c.get(ctx, "/explain?pod="+pod)
+	if err != nil {
+		return nil, "", err
+	}
+	if code != http.StatusOK {
+		return nil, string(body), fmt.Errorf("get /explain?pod=%s: status %d: %s", pod, code, body)
+	}
+	if err := json.Unmarshal(body, &explanations); err != nil {
+		return nil, string(body), fmt.Errorf("decode /explain?pod=%s: %w", pod, err)
+	}
+	return explanations, string(body), nil
+}

@@ -1,0 +1,326 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kube-attach/attach-detach-controller/test/framework"
+)
+
+// The CSI drivers the stack serves by default.
+const (
+	// MockDriver attaches plain CSI volumes.
+	MockDriver = "mock.csi.example.com"
+	// EBSDriver is the CSI driver that in-tree kubernetes.io/aws-ebs volumes
+	// migrate to.
+	EBSDriver = "ebs.csi.aws.com"
+)
+
+const (
+	// startTimeout bounds the wait for one component to be ready.
+	startTimeout = 60 * time.Second
+	// stopGrace is how long a component may take to exit after SIGTERM at
+	// Stop before it is killed.
+	stopGrace = 5 * time.Second
+	// portAttempts bounds the retries of a component that lost its port to
+	// another process between FreePort and its bind.
+	portAttempts = 3
+)
+
+// Binaries the stack runs besides etcd and kube-apiserver, as named in
+// BinDir (hack/build-tools.sh and the Makefile build them there).
+const (
+	ControllerBinary   = "attach-detach-controller"
+	KubeletsimBinary   = "kubeletsim"
+	AttacherBinary     = "csi-attacher"
+	MockDriverBinary   = "csi-mock-driver"
+	buildToolsHint     = "make demo, or hack/build-tools.sh etcd kube-apiserver csi-attacher csi-mock-driver"
+	buildBinariesHints = "make demo, or go build -o _output/bin/ ./cmd/attach-detach-controller ./test/kubeletsim"
+)
+
+// Options configure Start. The zero value is a working configuration.
+type Options struct {
+	// BinDir holds etcd, kube-apiserver, csi-attacher and csi-mock-driver,
+	// and the controller and kubeletsim unless set below. Default:
+	// $ADC_BIN_DIR, else _output/bin in the module root.
+	BinDir string
+	// ControllerBinary and KubeletsimBinary override the binaries of BinDir.
+	ControllerBinary string
+	KubeletsimBinary string
+	// Drivers each get a csi-mock-driver and a csi-attacher. Default:
+	// MockDriver and EBSDriver.
+	Drivers []string
+	// APIServerFlags are appended to kube-apiserver's (see framework.Options).
+	APIServerFlags []string
+	// Logger receives progress messages. The zero value discards them.
+	Logger klog.Logger
+}
+
+// Stack is a running cluster with its CSI drivers and attachers; the
+// controller and the simulated kubelets are started on demand.
+type Stack struct {
+	Cluster *framework.Cluster
+	// Drivers are the CSI drivers served, each by a mock and an attacher.
+	Drivers []string
+
+	logger        klog.Logger
+	controllerBin string
+	kubeletsimBin string
+
+	mu        sync.Mutex
+	processes []*Process
+	started   map[string]int // per base name, for unique log names
+	stopOnce  sync.Once
+	stopErr   error
+}
+
+// Start starts the cluster, then a mock driver and an attacher per driver.
+// On error nothing is left running.
+func Start(ctx context.Context, opts Options) (*Stack, error) {
+	started := time.Now()
+	binDir, err := opts.binDir()
+	if err != nil {
+		return nil, err
+	}
+	bins := map[string]string{
+		AttacherBinary:   filepath.Join(binDir, AttacherBinary),
+		MockDriverBinary: filepath.Join(binDir, MockDriverBinary),
+		ControllerBinary: opts.ControllerBinary,
+		KubeletsimBinary: opts.KubeletsimBinary,
+	}
+	for name, hint := range map[string]string{ControllerBinary: buildBinariesHints, KubeletsimBinary: buildBinariesHints} {
+		if bins[name] == "" {
+			bins[name] = filepath.Join(binDir, name)
+		}
+		if err := checkBinary(bins[name], hint); err != nil {
+			return nil, err
+		}
+	}
+	for _, name := range []string{AttacherBinary, MockDriverBinary} {
+		if err := checkBinary(bins[name], buildToolsHint); err != nil {
+			return nil, err
+		}
+	}
+	drivers := opts.Drivers
+	if len(drivers) == 0 {
+		drivers = []string{MockDriver, EBSDriver}
+	}
+
+	cluster, err := framework.Start(framework.Options{BinDir: binDir, APIServerFlags: opts.APIServerFlags, Logger: opts.Logger})
+	if err != nil {
+		return nil, err
+	}
+	s := &Stack{
+		Cluster:       cluster,
+		Drivers:       drivers,
+		logger:        opts.Logger,
+		controllerBin: bins[ControllerBinary],
+		kubeletsimBin: bins[KubeletsimBinary],
+		started:       map[string]int{},
+	}
+	for _, driver := range drivers {
+		if err := s.startDriver(ctx, bins[MockDriverBinary], bins[AttacherBinary], driver); err != nil {
+			return nil, errors.Join(err, s.Stop())
+		}
+	}
+	s.logger.Info("Stack started", "drivers", drivers, "dir", cluster.Dir, "duration", time.Since(started).Round(time.Millisecond))
+	return s, nil
+}
+
+// startDriver starts the mock driver, waits for its socket, then starts the
+// attacher on it.
+func (s *Stack) startDriver(ctx context.Context, mockBin, attacherBin, driver string) error {
+	socket := filepath.Join(s.Cluster.Dir, driver+".sock")
+	mock, err := s.start("csi-mock-driver-"+driver, mockBin,
+		"--endpoint="+socket, "--driver-name="+driver, "--any-handle", "-v=2")
+	if err != nil {
+		return err
+	}
+	err = poll(ctx, startTimeout, mock, "socket of "+mock.Name, func(context.Context) (bool, error) {
+		info, err := os.Stat(socket)
+		return err == nil && info.Mode()&os.ModeSocket != 0, nil
+	})
+	if err != nil {
+		return err
+	}
+	_, err = s.start("csi-attacher-"+driver, attacherBin,
+		"--csi-address="+socket,
+		"--kubeconfig="+s.Cluster.Kubeconfig,
+		// The defaults (5 / 10) would make the attacher, not the
+		// controller, the bottleneck of a test that attaches a batch.
+		"--kube-api-qps=50", "--kube-api-burst=100",
+		// The default caps the backoff at 5 min; a test waits minutes less
+		// for an attach that failed while the stack was starting.
+		"--retry-interval-max=5s",
+		"-v=2")
+	if err != nil {
+		return err
+	}
+	s.logger.V(1).Info("Driver started", "driver", driver, "socket", socket)
+	return nil
+}
+
+// start starts a process whose log is named after name, numbered from the
+// second start of the same name on.
+func (s *Stack) start(name, binary string, args ...string) (*Process, error) {
+	s.mu.Lock()
+	s.started[name]++
+	if n := s.started[name]; n > 1 {
+		name = name + "-" + strconv.Itoa(n)
+	}
+	s.mu.Unlock()
+	p, err := startProcess(s.Cluster.Dir, name, binary, args...)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.processes = append(s.processes, p)
+	s.mu.Unlock()
+	s.logger.V(2).Info("Started process", "name", name, "pid", p.Pid(), "log", p.LogPath)
+	return p, nil
+}
+
+// Processes returns every process started, running or not, in start order.
+func (s *Stack) Processes() []*Process {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]*Process(nil), s.processes...)
+}
+
+// Stop stops every process (SIGTERM, then SIGKILL after a grace period),
+// the cluster, and removes the directory. It may be called more than once.
+func (s *Stack) Stop() error {
+	s.stopOnce.Do(func() {
+		var errs []error
+		var wg sync.WaitGroup
+		procs := s.Processes()
+		stopErrs := make([]error, len(procs))
+		for i, p := range procs {
+			wg.Go(func() { stopErrs[i] = p.Stop() })
+		}
+		wg.Wait()
+		errs = append(errs, stopErrs...)
+		s.Cluster.Stop()
+		s.stopErr = errors.Join(errs...)
+		s.logger.V(1).Info("Stack stopped")
+	})
+	return s.stopErr
+}
+
+// Stop ends the process: SIGTERM, a grace period, then SIGKILL of its
+// group. It may be called more than once.
+func (p *Process) Stop() error {
+	p.stopOnce.Do(func() { p.stopErr = p.stop(stopGrace) })
+	return p.stopErr
+}
+
+// poll calls cond every 100 ms until it returns true, an error, the process
+// p (if not nil) exits, ctx ends, or timeout passes.
+func poll(ctx context.Context, timeout time.Duration, p *Process, what string, cond func(context.Context) (bool, error)) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	ticker := time.NewTicker(100 * time.Millisecond)
+	defer ticker.Stop()
+	for {
+		done, err := cond(ctx)
+		if ctx.Err() != nil {
+			return fmt.Errorf("wait for %s: %w", what, context.Cause(ctx))
+		}
+		if err != nil {
+			return fmt.Errorf("wait for %s: %w", what, err)
+		}
+		if done {
+			return nil
+		}
+		if p != nil {
+			if err := p.ExitError(); err != nil {
+				return fmt.Errorf("wait for %s: %w\n--- last lines of %s:\n%s", what, err, p.LogPath, p.Tail(4096))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for %s: %w", what, context.Cause(ctx))
+		case <-deadline.C:
+			err := fmt.Errorf("wait for %s: not done after %s", what, timeout)
+			if p != nil {
+				err = fmt.Errorf("%w\n--- last lines of %s:\n%s", err, p.LogPath, p.Tail(4096))
+			}
+			return err
+		case <-ticker.C:
+		}
+	}
+}
+
+func checkBinary(path, hint string) error {
+	info, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("%s (build it with %s): %w", filepath.Base(path), hint, err)
+	}
+	if info.IsDir() || info.Mode()&0o111 == 0 {
+		return fmt.Errorf("%s is not an executable file", path)
+	}
+	return nil
+}
+
+func (o Options) binDir() (string, error) {
+	if o.BinDir != "" {
+		return o.BinDir, nil
+	}
+	if dir := os.Getenv(framework.BinDirEnv); dir != "" {
+		return dir, nil
+	}
+	root, err := ModuleRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, "_output", "bin"), nil
+}
+
+// ModuleRoot walks up from the working directory to the nearest go.mod.
+func ModuleRoot() (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("find module root: %w", err)
+	}
+	for dir := wd; ; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		if filepath.Dir(dir) == dir {
+			return "", fmt.Errorf("find module root: no go.mod above %s; set %s", wd, framework.BinDirEnv)
+		}
+	}
+}
+
+// Build builds the controller and kubeletsim from the module's source into
+// dir, and returns Options using them.
+func Build(ctx context.Context, dir string) (Options, error) {
+	root, err := ModuleRoot()
+	if err != nil {
+		return Options{}, err
+	}
+	opts := Options{
+		ControllerBinary: filepath.Join(dir, ControllerBinary),
+		KubeletsimBinary: filepath.Join(dir, KubeletsimBinary),
+	}
+	for bin, pkg := range map[string]string{
+		opts.ControllerBinary: "./cmd/attach-detach-controller",
+		opts.KubeletsimBinary: "./test/kubeletsim",
+	} {
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return Options{}, fmt.Errorf("go build %s: %w: %s", pkg, err, out)
+		}
+	}
+	return opts, nil
+}
