@@ -17,7 +17,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The stack `make demo` and `make test-e2e` run (test/e2e/stack).
 E2E_TOOLS := etcd kube-apiserver csi-attacher csi-mock-driver
 
-.PHONY: all build tools test test-unit test-integration test-e2e demo verify clean
+.PHONY: all build tools test test-unit test-integration test-e2e demo verify image clean
 
 all: build
 
@@ -27,7 +27,7 @@ build:
 # The real etcd and kube-apiserver the integration tests run against, built
 # from the Go module proxy (hack/tools); a second run reuses them.
 tools:
-	hack/build-tools.sh etcd kube-apiserver
+	hack/build-tools.sh etcd kube-apiserver kube-controller-manager kubectl
 
 test: test-unit test-integration test-e2e
 
@@ -55,9 +55,17 @@ verify:
 	@out="$$(gofmt -l $$(git ls-files '*.go'))"; if [[ -n "$$out" ]]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	go run $(STATICCHECK) ./...
+	hack/verify-dockerfile.sh
+	hack/verify-manifests.sh
 	@# Kubernetes libraries stay on one release.
 	@bad="$$(go list -m -f '{{.Path}} {{.Version}}' all | awk '$$1 ~ /^k8s\.io\/(api|apimachinery|client-go|component-base|csi-translation-lib)$$/ && $$2 !~ /^v0\.36\./')"; \
 	  if [[ -n "$$bad" ]]; then echo "Kubernetes libraries must stay on v0.36.x:"; echo "$$bad"; exit 1; fi
+
+IMAGE ?= ghcr.io/kube-attach/attach-detach-controller:$(VERSION)
+
+# Needs a Docker engine; make verify checks the Dockerfile without one.
+image:
+	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
 clean:
 	rm -rf _output

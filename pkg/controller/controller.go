@@ -170,7 +170,18 @@ func New(cfg Config) (*Controller, error) {
 		c.factory.Storage().V1().VolumeAttachments().Informer().HasSynced,
 		csiNodes.Informer().HasSynced)
 	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(metrics.NewStateCollector(c.desired.Stats, c.actual.Stats)); err != nil {
+		if err := cfg.Registerer.Register(metrics.NewStateCollector(metrics.State{
+			Desired: c.desired.Stats,
+			Actual:  c.actual.Stats,
+			Attachments: func() (map[string]int, time.Time) {
+				byState, oldest := c.actual.StateStats()
+				out := make(map[string]int, len(byState))
+				for st, n := range byState {
+					out[string(st)] = n
+				}
+				return out, oldest
+			},
+		})); err != nil {
 			return nil, fmt.Errorf("register state metrics: %w", err)
 		}
 	}

@@ -234,10 +234,20 @@ func (r *Reconciler) detach(ctx context.Context, d Decision, now time.Time) (Res
 	if !ok {
 		return Result{}, fmt.Errorf("no mechanism detaches volumes of kind %q", kind)
 	}
+	// The detach may complete (and be observed) before Detach returns: its
+	// start must be on record first.
+	if a.DetachStarted.IsZero() {
+		a.DetachStarted = now
+		r.actual.Update(d.Key, false, func(at *cache.Attachment) {
+			if at.DetachStarted.IsZero() {
+				at.DetachStarted = now
+			}
+		})
+	}
 	done, err := mech.Detach(ctx, a)
 	if err != nil {
 		r.actual.Update(d.Key, false, func(a *cache.Attachment) { a.DetachError = err.Error() })
-		r.metrics.ObserveOperation(volume.MetricPluginName(a.Volume), metrics.OperationDetach, migrated(a), false, 0)
+		r.metrics.ObserveOperation(volume.MetricPluginName(a.Volume), metrics.OperationDetach, migrated(a), false, now.Sub(a.DetachStarted))
 		return Result{}, fmt.Errorf("detach %s from node %s: %w", a.Volume, a.Node, err)
 	}
 	if d.Force != "" {
@@ -248,7 +258,7 @@ func (r *Reconciler) detach(ctx context.Context, d Decision, now time.Time) (Res
 	}
 	if done {
 		r.actual.Delete(d.Key)
-		r.metrics.ObserveOperation(volume.MetricPluginName(a.Volume), metrics.OperationDetach, migrated(a), true, 0)
+		r.metrics.ObserveOperation(volume.MetricPluginName(a.Volume), metrics.OperationDetach, migrated(a), true, now.Sub(a.DetachStarted))
 		r.forget(d.Key)
 		return Result{}, nil
 	}

@@ -58,6 +58,15 @@ func Run(ctx context.Context, o *Options) error {
 		return fmt.Errorf("register client metrics: %w", err)
 	}
 	clientMetrics.Install()
+	leaderMetrics, err := metrics.NewLeaderMetrics(reg)
+	if err != nil {
+		return fmt.Errorf("register leader election metrics: %w", err)
+	}
+	leaderMetrics.Install()
+	if o.LeaderElection.LeaderElect {
+		// A standby says so (0) until it leads.
+		leaderMetrics.Standby(o.LeaderElection.ResourceName)
+	}
 
 	client, err := kubernetes.NewForConfig(rest.AddUserAgent(config, "attach-detach-controller"))
 	if err != nil {

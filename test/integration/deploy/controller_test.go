@@ -1,0 +1,339 @@
+package deploy
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/kube-attach/attach-detach-controller/test/framework"
+	"github.com/kube-attach/attach-detach-controller/test/integration/internal/attacher"
+)
+
+const (
+	// controllerUser is the service account of the rendered manifests.
+	controllerUser = "system:serviceaccount:kube-system:attach-detach-controller"
+	// waitTimeout bounds each wait for a controller to act; it acts within
+	// a second or two, the rest is margin for a loaded machine.
+	waitTimeout = 30 * time.Second
+	// stopTimeout bounds a graceful stop: workers stop, the Lease is
+	// released.
+	stopTimeout = 20 * time.Second
+)
+
+// controller is one run of the controller binary.
+type controller struct {
+	p   *framework.Process
+	url string
+}
+
+// startController runs the binary as the Deployment runs it: with the
+// container's arguments, except that the HTTP endpoint listens on a free
+// loopback port and the Lease is short, so that a successor in the next test
+// does not wait long after a replica that was killed.
+func startController(t *testing.T, r *rendered, kubeconfig string) *controller {
+	t.Helper()
+	return startControllerEnv(t, r, kubeconfig)
+}
+
+// startControllerEnv is startController with environment variables set
+// ("NAME=value").
+func startControllerEnv(t *testing.T, r *rendered, kubeconfig string, env ...string) *controller {
+	t.Helper()
+	port, err := framework.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	var args []string
+	for _, a := range r.args(t) {
+		if !strings.HasPrefix(a, "--http-endpoint=") {
+			args = append(args, a)
+		}
+	}
+	args = append(args,
+		"--kubeconfig="+kubeconfig,
+		"--http-endpoint="+addr,
+		"--leader-elect-lease-duration=4s",
+		"--leader-elect-renew-deadline=3s",
+		"--leader-elect-retry-period=500ms",
+	)
+	if len(env) == 0 {
+		return &controller{p: framework.StartProcess(t, binary, args...), url: "http://" + addr}
+	}
+	// env(1) execs the binary in its place: same process, same group.
+	envBin, err := exec.LookPath("env")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args = append(append(env, binary), args...)
+	return &controller{p: framework.StartProcess(t, envBin, args...), url: "http://" + addr}
+}
+
+// waitStarted waits until the controller leads and its workers run.
+func (c *controller) waitStarted(t *testing.T) {
+	t.Helper()
+	framework.Eventually(t, waitTimeout, func() (bool, error) {
+		select {
+		case <-c.p.Done():
+			return false, fmt.Errorf("controller exited with code %d", c.p.ExitCode())
+		default:
+		}
+		out := c.p.Output()
+		return strings.Contains(out, `"Became leader"`) && strings.Contains(out, `"Started"`), nil
+	}, "the controller to lead and start its workers")
+}
+
+// stop sends SIGTERM, as the kubelet does, and waits for a clean exit.
+func (c *controller) stop(t *testing.T) {
+	t.Helper()
+	if err := c.p.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-c.p.Done():
+	case <-time.After(stopTimeout):
+		t.Fatalf("controller still running %s after SIGTERM", stopTimeout)
+	}
+	if code := c.p.ExitCode(); code != 0 {
+		t.Fatalf("controller exited with code %d after SIGTERM, want 0", code)
+	}
+}
+
+// get returns the body of an HTTP GET on the controller's endpoint.
+func (c *controller) get(path string) (int, string, error) {
+	resp, err := http.Get(c.url + path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// scene is one test's corner of the shared cluster: a namespace, a managed
+// Ready node, and a CSI driver with a test attacher, all named after the
+// test. Everything is deleted when the test ends.
+type scene struct {
+	t      *testing.T
+	ctx    context.Context
+	client kubernetes.Interface
+	ns     string
+	node   string
+	driver string
+}
+
+func newScene(t *testing.T, base, failPrefix string) *scene {
+	t.Helper()
+	suffix := make([]byte, 2)
+	if _, err := rand.Read(suffix); err != nil {
+		t.Fatal(err)
+	}
+	name := base + "-" + hex.EncodeToString(suffix)
+	s := &scene{t: t, ctx: t.Context(), client: cluster.Client, ns: name, node: name + "-node", driver: name + ".csi.test"}
+	if _, err := framework.CreateNamespace(s.ctx, s.client, s.ns); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.cleanup)
+	if _, err := framework.CreateNode(s.ctx, s.client, framework.Node(s.node)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := framework.CreateCSIDriver(s.ctx, s.client, s.driver, nil); err != nil {
+		t.Fatal(err)
+	}
+	s.startAttacher(s.driver, failPrefix)
+	return s
+}
+
+// startAttacher runs a stand-in for the CSI external-attacher of driver
+// until the test ends.
+func (s *scene) startAttacher(driver, failPrefix string) {
+	s.t.Helper()
+	logger := ktesting.NewLogger(s.t, ktesting.NewConfig(ktesting.Verbosity(0)))
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
+	wait, err := attacher.Start(ctx, s.client, attacher.Config{Driver: driver, FailPrefix: failPrefix})
+	if err != nil {
+		cancel()
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() {
+		cancel()
+		wait()
+	})
+}
+
+// cleanup deletes what the scene created, after the test's controllers and
+// attachers have stopped (cleanups run last in, first out), so that later
+// tests' controllers don't see it. Best effort: failures are logged.
+func (s *scene) cleanup() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var errs []error
+	del := func(err error) {
+		if err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	zero := int64(0)
+	del(s.client.CoreV1().Namespaces().Delete(ctx, s.ns, metav1.DeleteOptions{GracePeriodSeconds: &zero}))
+	pvs, err := s.client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+	del(err)
+	if err == nil {
+		for _, pv := range pvs.Items {
+			if pv.Spec.ClaimRef != nil && pv.Spec.ClaimRef.Namespace == s.ns {
+				del(s.client.CoreV1().PersistentVolumes().Delete(ctx, pv.Name, metav1.DeleteOptions{}))
+			}
+		}
+	}
+	vas, err := s.client.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
+	del(err)
+	if err == nil {
+		for _, va := range vas.Items {
+			if strings.HasPrefix(va.Spec.NodeName, s.ns) {
+				del(s.client.StorageV1().VolumeAttachments().Delete(ctx, va.Name, metav1.DeleteOptions{}))
+			}
+		}
+	}
+	del(s.client.CoreV1().Nodes().Delete(ctx, s.node, metav1.DeleteOptions{}))
+	del(s.client.StorageV1().CSIDrivers().Delete(ctx, s.driver, metav1.DeleteOptions{}))
+	if err := errors.Join(errs...); err != nil {
+		s.t.Logf("cleanup (best effort): %v", err)
+	}
+}
+
+// volume is a CSI volume of the scene's driver, claimed by a PVC of the
+// same name, used by a pod of the same name on the scene's node.
+type volume struct {
+	name       string // pod, claim
+	handle     string
+	node       string
+	unique     string // as node.status.volumesAttached names it
+	attachment string // VolumeAttachment name
+}
+
+func (s *scene) volume(name, handle string) volume {
+	sum := sha256.Sum256([]byte(handle + s.driver + s.node))
+	return volume{
+		name:       name,
+		handle:     handle,
+		node:       s.node,
+		unique:     "kubernetes.io/csi/" + s.driver + "^" + handle,
+		attachment: "csi-" + hex.EncodeToString(sum[:]),
+	}
+}
+
+// createPod creates the claim, its volume and the pod using it.
+func (s *scene) createPod(v volume) {
+	s.t.Helper()
+	if _, _, err := framework.CreateBoundPVC(s.ctx, s.client, s.ns, v.name, framework.CSISource(s.driver, v.handle)); err != nil {
+		s.t.Fatal(err)
+	}
+	if _, err := framework.CreatePod(s.ctx, s.client, s.ns, v.name, v.node, v.name); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+func (s *scene) deletePod(v volume) {
+	s.t.Helper()
+	zero := int64(0)
+	if err := s.client.CoreV1().Pods(s.ns).Delete(s.ctx, v.name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// attachment returns the volume's VolumeAttachment, nil if there is none.
+func (s *scene) attachment(v volume) (*storagev1.VolumeAttachment, error) {
+	va, err := s.client.StorageV1().VolumeAttachments().Get(s.ctx, v.attachment, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	return va, err
+}
+
+func (s *scene) waitAttached(v volume) *storagev1.VolumeAttachment {
+	s.t.Helper()
+	var va *storagev1.VolumeAttachment
+	framework.Eventually(s.t, waitTimeout, func() (bool, error) {
+		var err error
+		va, err = s.attachment(v)
+		return va != nil && va.Status.Attached, err
+	}, fmt.Sprintf("VolumeAttachment %s of %s attached", v.attachment, v.name))
+	return va
+}
+
+func (s *scene) waitDetached(v volume) {
+	s.t.Helper()
+	framework.Eventually(s.t, waitTimeout, func() (bool, error) {
+		va, err := s.attachment(v)
+		return va == nil, err
+	}, fmt.Sprintf("VolumeAttachment %s of %s deleted", v.attachment, v.name))
+}
+
+// reported returns the volumes node.status.volumesAttached lists.
+func (s *scene) reported(node string) ([]string, error) {
+	n, err := s.client.CoreV1().Nodes().Get(s.ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, av := range n.Status.VolumesAttached {
+		out = append(out, string(av.Name))
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// waitReported waits until node.status.volumesAttached lists v, or no
+// longer does.
+func (s *scene) waitReported(v volume, want bool) {
+	s.t.Helper()
+	framework.Eventually(s.t, waitTimeout, func() (bool, error) {
+		got, err := s.reported(v.node)
+		return slices.Contains(got, v.unique) == want, err
+	}, fmt.Sprintf("node %s status.volumesAttached listing %s: %v", v.node, v.unique, want))
+}
+
+// setInUse sets node.status.volumesInUse, as kubelet reports mounts.
+func (s *scene) setInUse(node string, vols ...volume) {
+	s.t.Helper()
+	var names []string
+	for _, v := range vols {
+		names = append(names, v.unique)
+	}
+	if err := framework.SetVolumesInUse(s.ctx, s.client, node, names...); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// events returns the reasons of the events posted on a pod.
+func (s *scene) events(pod string) ([]string, error) {
+	list, err := s.client.CoreV1().Events(s.ns).List(s.ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("involvedObject.name", pod).String(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	var reasons []string
+	for _, e := range list.Items {
+		reasons = append(reasons, e.Reason)
+	}
+	return reasons, nil
+}
