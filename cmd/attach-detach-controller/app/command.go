@@ -43,7 +43,7 @@ func NewCommand() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return Run(ctx, o)
+			return RunProcess(ctx, o)
 		},
 	}
 	o.AddFlags(cmd.Flags())

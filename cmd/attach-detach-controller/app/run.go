@@ -43,16 +43,17 @@ const (
 
 // Run runs the controller until ctx is cancelled; with leader election, only
 // while it holds the lease. It returns once everything has stopped and the
-// lease is released.
+// lease is released. It serves no client-go request or leader election
+// metrics: those hook into client-go process-wide, which only the command
+// does (RunProcess), before any request is made.
 func Run(ctx context.Context, o *Options) error {
-	logger := klog.FromContext(ctx)
-	logger.Info("Starting attach-detach-controller", "version", Version)
-	config, err := restConfig(o)
-	if err != nil {
-		return err
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return run(ctx, o, newRegistry())
+}
+
+// RunProcess is Run for the process: client-go's request and leader election
+// metrics are installed first, then served with the rest.
+func RunProcess(ctx context.Context, o *Options) error {
+	reg := newRegistry()
 	clientMetrics, err := metrics.NewClientMetrics(reg)
 	if err != nil {
 		return fmt.Errorf("register client metrics: %w", err)
@@ -66,6 +67,22 @@ func Run(ctx context.Context, o *Options) error {
 	if o.LeaderElection.LeaderElect {
 		// A standby says so (0) until it leads.
 		leaderMetrics.Standby(o.LeaderElection.ResourceName)
+	}
+	return run(ctx, o, reg)
+}
+
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
+	logger := klog.FromContext(ctx)
+	logger.Info("Starting attach-detach-controller", "version", Version)
+	config, err := restConfig(o)
+	if err != nil {
+		return err
 	}
 
 	client, err := kubernetes.NewForConfig(rest.AddUserAgent(config, "attach-detach-controller"))

@@ -8,6 +8,7 @@ package attacher
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -52,9 +53,9 @@ type Attacher struct {
 
 // Start runs an Attacher until ctx is cancelled. It returns once its cache
 // has synced; the returned function waits until it has stopped.
-func Start(ctx context.Context, client kubernetes.Interface, cfg Config) (wait func(), err error) {
+func Start(ctx context.Context, client kubernetes.Interface, cfg Config) (stopped func(), err error) {
 	if cfg.Driver == "" {
-		return nil, fmt.Errorf("test attacher: no driver name")
+		return nil, errors.New("test attacher: no driver name")
 	}
 	if cfg.FailMessage == nil {
 		cfg.FailMessage = FailureMessage
