@@ -131,7 +131,30 @@ func (c *Controller) addHandlers(csiNodes toolscache.SharedIndexInformer) error 
 		informer toolscache.SharedIndexInformer
 		handler  toolscache.ResourceEventHandler
 	}{
-		{c.factory.Core().V1().Pods().Informer(), enqueue(c.podQueue)},
+		{c.factory.Core().V1().Pods().Informer(), toolscache.ResourceEventHandlerFuncs{
+			AddFunc: func(obj any) {
+				if k, ok := key(obj); ok {
+					c.podQueue.Add(k)
+				}
+			},
+			UpdateFunc: func(oldObj, obj any) {
+				// Status churn (container states, conditions) is trimmed
+				// away: only a change the controller reads queues the pod.
+				if o, ok := oldObj.(*v1.Pod); ok {
+					if p, ok := obj.(*v1.Pod); ok && samePodFacts(o, p) {
+						return
+					}
+				}
+				if k, ok := key(obj); ok {
+					c.podQueue.Add(k)
+				}
+			},
+			DeleteFunc: func(obj any) {
+				if k, ok := key(obj); ok {
+					c.podQueue.Add(k)
+				}
+			},
+		}},
 		{c.factory.Core().V1().Nodes().Informer(), toolscache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { c.nodeChanged(nil, obj) },
 			UpdateFunc: c.nodeChanged,
@@ -186,6 +209,13 @@ func sameNodeFacts(a, b *v1.Node) bool {
 	a2, b2 := a.DeepCopy(), b.DeepCopy()
 	a2.ResourceVersion, b2.ResourceVersion = "", ""
 	return apiequality.Semantic.DeepEqual(a2, b2)
+}
+
+// samePodFacts compares trimmed pods: what is left is what matters.
+func samePodFacts(a, b *v1.Pod) bool {
+	return a.UID == b.UID && a.Spec.NodeName == b.Spec.NodeName && a.Status.Phase == b.Status.Phase &&
+		(a.DeletionTimestamp == nil) == (b.DeletionTimestamp == nil) &&
+		apiequality.Semantic.DeepEqual(a.Spec.Volumes, b.Spec.Volumes)
 }
 
 func (c *Controller) pvChanged(obj any) {

@@ -1,0 +1,117 @@
+package controller
+
+import (
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+func TestTrimPod(t *testing.T) {
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "u", Labels: map[string]string{"a": "b"},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "x"}}},
+		Spec: v1.PodSpec{NodeName: "n", Containers: []v1.Container{{Name: "c", Image: "i"}}, Volumes: []v1.Volume{
+			{Name: "cm", VolumeSource: v1.VolumeSource{ConfigMap: &v1.ConfigMapVolumeSource{}}},
+			{Name: "data", VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: "c"}}},
+			{Name: "eph", VolumeSource: v1.VolumeSource{Ephemeral: &v1.EphemeralVolumeSource{
+				VolumeClaimTemplate: &v1.PersistentVolumeClaimTemplate{}}}},
+			{Name: "ebs", VolumeSource: v1.VolumeSource{AWSElasticBlockStore: &v1.AWSElasticBlockStoreVolumeSource{VolumeID: "vol"}}},
+		}},
+		Status: v1.PodStatus{Phase: v1.PodRunning, ContainerStatuses: []v1.ContainerStatus{{Name: "c"}}},
+	}
+	obj, err := trim(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := obj.(*v1.Pod)
+	if got.Labels != nil || got.ManagedFields != nil || got.Spec.Containers != nil || got.Status.ContainerStatuses != nil {
+		t.Errorf("unused fields kept: %+v", got)
+	}
+	if got.Name != "p" || got.Namespace != "ns" || got.UID != "u" || got.Spec.NodeName != "n" || got.Status.Phase != v1.PodRunning {
+		t.Errorf("needed fields lost: %+v", got)
+	}
+	var names []string
+	for _, v := range got.Spec.Volumes {
+		names = append(names, v.Name)
+	}
+	if want := []string{"data", "eph", "ebs"}; len(names) != len(want) || names[0] != want[0] || names[1] != want[1] || names[2] != want[2] {
+		t.Errorf("volumes kept %v, want %v", names, want)
+	}
+	if got.Spec.Volumes[1].Ephemeral == nil || got.Spec.Volumes[1].Ephemeral.VolumeClaimTemplate != nil {
+		t.Errorf("ephemeral volume: want the marker without its template, got %+v", got.Spec.Volumes[1])
+	}
+	if claimName(got, &got.Spec.Volumes[1]) != "p-eph" {
+		t.Errorf("ephemeral claim name %q, want p-eph", claimName(got, &got.Spec.Volumes[1]))
+	}
+}
+
+func TestSamePodFacts(t *testing.T) {
+	base := func() *v1.Pod {
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", UID: "u", ResourceVersion: "1"},
+			Spec:   v1.PodSpec{NodeName: "n", Volumes: []v1.Volume{{Name: "v"}}},
+			Status: v1.PodStatus{Phase: v1.PodRunning}}
+	}
+	now := metav1.Now()
+	for _, tc := range []struct {
+		name   string
+		change func(*v1.Pod)
+		same   bool
+	}{
+		{"resource version only", func(p *v1.Pod) { p.ResourceVersion = "2" }, true},
+		{"scheduled elsewhere", func(p *v1.Pod) { p.Spec.NodeName = "m" }, false},
+		{"terminated", func(p *v1.Pod) { p.Status.Phase = v1.PodSucceeded }, false},
+		{"being deleted", func(p *v1.Pod) { p.DeletionTimestamp = &now }, false},
+		{"recreated", func(p *v1.Pod) { p.UID = "u2" }, false},
+		{"volumes", func(p *v1.Pod) { p.Spec.Volumes = nil }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := base()
+			tc.change(b)
+			if got := samePodFacts(base(), b); got != tc.same {
+				t.Errorf("samePodFacts = %v, want %v", got, tc.same)
+			}
+		})
+	}
+}
+
+func TestNodeInfo(t *testing.T) {
+	node := &v1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "n", Annotations: map[string]string{managedAnnotation: "true", "other": "x"}},
+		Spec:       v1.NodeSpec{Taints: []v1.Taint{{Key: outOfServiceTaint, Effect: v1.TaintEffectNoExecute}}},
+		Status: v1.NodeStatus{
+			Conditions: []v1.NodeCondition{
+				{Type: v1.NodeMemoryPressure, Status: v1.ConditionFalse},
+				{Type: v1.NodeReady, Status: v1.ConditionTrue, LastHeartbeatTime: metav1.Now()},
+			},
+			VolumesInUse: []v1.UniqueVolumeName{"kubernetes.io/csi/d^h"},
+			Images:       []v1.ContainerImage{{Names: []string{"big"}}},
+		},
+	}
+	obj, err := trim(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trimmed := obj.(*v1.Node)
+	if trimmed.Status.Images != nil || len(trimmed.Annotations) != 1 || len(trimmed.Status.Conditions) != 1 {
+		t.Errorf("unused node fields kept: %+v", trimmed)
+	}
+	if !trimmed.Status.Conditions[0].LastHeartbeatTime.IsZero() {
+		t.Errorf("heartbeat kept: a heartbeat would re-queue the node")
+	}
+	info := nodeInfo(trimmed)
+	if !info.Exists || !info.Managed || !info.Ready || !info.OutOfService || !info.InUse[volume.Name("kubernetes.io/csi/d^h")] {
+		t.Errorf("nodeInfo = %+v", info)
+	}
+	later := trimmed.DeepCopy()
+	later.ResourceVersion = "9"
+	if !sameNodeFacts(trimmed, later) {
+		t.Errorf("a heartbeat-only update counts as a change")
+	}
+	later.Status.VolumesInUse = nil
+	if sameNodeFacts(trimmed, later) {
+		t.Errorf("a volumesInUse change is not seen")
+	}
+}
