@@ -49,8 +49,13 @@ type Config struct {
 	Reconciler reconciler.Config
 	// InTree holds the in-tree attacher plugins compiled in.
 	InTree *intree.Registry
-	// Workers is the number of volume and node status workers.
+	// Workers is the number of volume workers.
 	Workers int
+	// StatusWorkers is the number of node status writers. Each write carries
+	// every change pending for its node, so few writers suffice; fewer
+	// writers batch more per write and leave more of the API budget to
+	// attaches and detaches.
+	StatusWorkers int
 	// SyncPeriod is the period of the sync that compares attached volumes
 	// with their VolumeAttachments; zero disables it.
 	SyncPeriod time.Duration
@@ -97,8 +102,8 @@ type Controller struct {
 
 // New wires a Controller. Nothing runs until Run.
 func New(cfg Config) (*Controller, error) {
-	if cfg.Workers < 1 {
-		return nil, fmt.Errorf("workers must be at least 1, got %d", cfg.Workers)
+	if cfg.Workers < 1 || cfg.StatusWorkers < 1 {
+		return nil, fmt.Errorf("workers and status workers must be at least 1, got %d and %d", cfg.Workers, cfg.StatusWorkers)
 	}
 	c := &Controller{
 		cfg:      cfg,
@@ -217,7 +222,7 @@ func (c *Controller) Run(ctx context.Context, onReady func()) error {
 	run(2, c.nodeWorker)
 	run(2, c.attachmentWorker)
 	run(c.cfg.Workers, c.volumeWorker)
-	run(c.cfg.Workers, c.statusWorker)
+	run(c.cfg.StatusWorkers, c.statusWorker)
 	if c.cfg.SyncPeriod > 0 {
 		wg.Go(func() { wait.UntilWithContext(ctx, c.periodicSync, c.cfg.SyncPeriod) })
 	}

@@ -70,7 +70,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Never detach a volume still mounted on an unhealthy node because the max wait for unmount passed (the out-of-service taint still forces it).")
 	fs.DurationVar(&o.MaxWaitForUnmount, "max-wait-for-unmount", o.MaxWaitForUnmount,
 		"How long a volume still mounted on an unhealthy (not Ready or deleted) node is waited for before it is detached anyway.")
-	fs.IntVar(&o.Workers, "workers", o.Workers, "Number of volumes reconciled, and of node statuses written, at once (1-1000).")
+	fs.IntVar(&o.Workers, "workers", o.Workers, "Number of volume/node pairs reconciled at once (1-1000). Node statuses are written by one writer, one patch per node carrying all its changes.")
 	fs.BoolVar(&o.ShowVersion, "version", false, "Print the version and exit.")
 }
 

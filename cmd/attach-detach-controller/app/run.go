@@ -37,6 +37,11 @@ import (
 // Retry policy after a failed operation, as upstream: 500ms doubling, capped
 // at 2m2s, reset on success.
 const (
+	// statusWorkers write node statuses. One suffices (a write carries every
+	// change of its node); it takes a small share of the API budget while
+	// attaches are being created, so its writes batch more.
+	statusWorkers = 1
+
 	retryBase = 500 * time.Millisecond
 	retryMax  = 2*time.Minute + 2*time.Second
 )
@@ -179,9 +184,10 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 			MaxWaitForUnmount:           o.MaxWaitForUnmount,
 			DisableForceDetachOnTimeout: o.DisableForceDetachOnTimeout,
 		},
-		InTree:     intree.Builtin(),
-		Workers:    o.Workers,
-		SyncPeriod: syncPeriod(o),
+		InTree:        intree.Builtin(),
+		Workers:       o.Workers,
+		StatusWorkers: statusWorkers,
+		SyncPeriod:    syncPeriod(o),
 		RateLimiter: func() workqueue.TypedRateLimiter[cache.Key] {
 			return workqueue.NewTypedItemExponentialFailureRateLimiter[cache.Key](retryBase, retryMax)
 		},
