@@ -28,7 +28,7 @@ func NewInTree(plugins *intree.Registry) *InTree {
 func (m *InTree) Attach(ctx context.Context, spec *volume.Spec, node string) (reconciler.AttachResult, error) {
 	p, err := m.plugins.Get(spec.PluginName)
 	if err != nil {
-		return reconciler.AttachResult{}, fmt.Errorf("node %s: %w", node, err)
+		return reconciler.AttachResult{}, &reconciler.NotAttachedError{Err: fmt.Errorf("node %s: %w", node, err)}
 	}
 	devicePath, err := p.Attach(ctx, spec, node)
 	if err != nil {

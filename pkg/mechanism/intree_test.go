@@ -99,6 +99,10 @@ func TestInTree(t *testing.T) {
 			if errors.As(err, &na) != tt.wantNoAttc {
 				t.Errorf("error %v is a NoAttacherError: %v, want %v", err, !tt.wantNoAttc, tt.wantNoAttc)
 			}
+			var notAttached *reconciler.NotAttachedError
+			if wantNA := tt.wantNoAttc && tt.attach != nil; errors.As(err, &notAttached) != wantNA {
+				t.Errorf("error %v says nothing was attached: %v, want %v", err, !wantNA, wantNA)
+			}
 			if !reflect.DeepEqual(p.calls, tt.wantCalls) {
 				t.Errorf("plugin calls %q, want %q", p.calls, tt.wantCalls)
 			}

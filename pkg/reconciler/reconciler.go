@@ -22,7 +22,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
-	"github.com/kube-attach/attach-detach-controller/pkg/intree"
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
@@ -51,6 +50,14 @@ type AttachResult struct {
 type AttachError struct{ Message string }
 
 func (e *AttachError) Error() string { return e.Message }
+
+// NotAttachedError is an attach failure after which the volume is known not
+// to be attached anywhere (the mechanism did nothing), as opposed to one whose
+// outcome is unknown.
+type NotAttachedError struct{ Err error }
+
+func (e *NotAttachedError) Error() string { return e.Err.Error() }
+func (e *NotAttachedError) Unwrap() error { return e.Err }
 
 // Config holds the safety settings.
 type Config struct {
@@ -174,11 +181,11 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 		return Result{}, fmt.Errorf("no mechanism attaches volumes of kind %q", spec.Kind)
 	}
 	res, err := mech.Attach(ctx, spec, d.Key.Node)
-	// A mechanism with no attacher for the volume attached nothing: an
-	// uncertain attachment recorded for it would hold a single-node volume
-	// on this node with no way to detach it.
-	var noAttacher *intree.NoAttacherError
-	create := err == nil || !errors.As(err, &noAttacher)
+	// A mechanism sure it attached nothing (no attacher for the volume)
+	// records nothing: an uncertain attachment would hold a single-node
+	// volume on this node with no way to detach it.
+	var notAttached *NotAttachedError
+	create := err == nil || !errors.As(err, &notAttached)
 	r.actual.Update(d.Key, create, func(a *cache.Attachment) {
 		a.Kind = spec.Kind
 		a.PluginName = spec.PluginName

@@ -581,7 +581,7 @@ func TestSync(t *testing.T) {
 			name: "in-tree plugin missing: nothing recorded as attached",
 			pods: []wants{{podA, node1, []*volume.Spec{specEBSInTree}}},
 			attach: map[volume.Name]attachReply{ebsInTree: {
-				err: fmt.Errorf("node node-1: %w", &intree.NoAttacherError{Plugin: "kubernetes.io/aws-ebs"})}},
+				err: &NotAttachedError{Err: fmt.Errorf("node node-1: %w", &intree.NoAttacherError{Plugin: "kubernetes.io/aws-ebs"})}}},
 			steps: []step{
 				{key: key(specEBSInTree, node1), wantCalls: []string{"in-tree attach " + string(ebsInTree) + "@node-1"},
 					wantErr:    "attach " + string(ebsInTree) + " to node node-1: node node-1: " + noAttacher,
