@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-attach/attach-detach-controller/test/e2e/stack"
+	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
 // Metrics the summary shows: the ones dashboards and alerts use.
@@ -111,7 +112,7 @@ func pvOf(va *storagev1.VolumeAttachment) string {
 
 // formatSample prints a sample as Prometheus does, labels sorted, without
 // empty ones.
-func formatSample(s stack.Sample) string {
+func formatSample(s framework.Sample) string {
 	keys := make([]string, 0, len(s.Labels))
 	for k, v := range s.Labels {
 		if v != "" {

@@ -38,7 +38,7 @@ type claim struct {
 }
 
 // volumeName is the unique name in node status.
-func (c claim) volumeName() string { return stack.CSIVolumeName(c.driver, c.handle) }
+func (c claim) volumeName() string { return framework.CSIVolumeName(c.driver, c.handle) }
 
 func (c claim) source() v1.PersistentVolumeSource {
 	if c.inTree != nil {
@@ -202,7 +202,7 @@ func unmet(ctx context.Context, client kubernetes.Interface, attached, absent []
 }
 
 func vaName(pl placement) string {
-	return stack.VolumeAttachmentName(pl.claim.handle, pl.claim.driver, pl.node)
+	return framework.VolumeAttachmentName(pl.claim.handle, pl.claim.driver, pl.node)
 }
 
 // waitForEvent waits for an event on the pod with reason and a message

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"fmt"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -48,6 +47,6 @@ func TestAttachAndDetach(t *testing.T) {
 			return m.Sum("storage_operation_duration_seconds_count", map[string]string{
 				"operation_name": op, "status": "success", "volume_plugin": "kubernetes.io/csi:" + stack.MockDriver,
 			}) == want, nil
-		}, fmt.Sprintf("storage_operation_duration_seconds_count{operation_name=%q,status=\"success\"} = %v", op, want))
+		}, "storage_operation_duration_seconds_count{operation_name=%q,status=\"success\"} = %v", op, want)
 	}
 }

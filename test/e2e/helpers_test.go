@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -125,18 +124,17 @@ type csiVolume struct {
 }
 
 // name is the volume's unique name in node status.
-func (v csiVolume) name() string { return stack.CSIVolumeName(v.driver, v.handle) }
+func (v csiVolume) name() string { return framework.CSIVolumeName(v.driver, v.handle) }
 
 // vaName is the name of the volume's VolumeAttachment on node.
 func (v csiVolume) vaName(node string) string {
-	return stack.VolumeAttachmentName(v.handle, v.driver, node)
+	return framework.VolumeAttachmentName(v.handle, v.driver, node)
 }
 
-// eventually polls cond until it returns true, and fails the test if it
-// does not within waitTimeout or returns an error. what says what it waits for.
-func (e *env) eventually(cond func() (bool, error), what string) {
+// eventually is framework.Eventually with the timeout of the package.
+func (e *env) eventually(cond func() (bool, error), format string, args ...any) {
 	e.t.Helper()
-	framework.Eventually(e.t, waitTimeout, cond, what)
+	framework.Eventually(e.t, waitTimeout, cond, format, args...)
 }
 
 // createVolume creates claim bound to a mock CSI volume with access modes.
@@ -177,26 +175,15 @@ func (e *env) waitPodGone(name string) {
 			return true, nil
 		}
 		return false, err
-	}, fmt.Sprintf("pod %s/%s deleted by kubeletsim", e.ns, name))
+	}, "pod %s/%s deleted by kubeletsim", e.ns, name)
 }
 
 // attachedBy says whether the real external-attacher of driver attached va:
 // its finalizer and node ID annotation are there, and status.attached.
 func attachedBy(va *storagev1.VolumeAttachment, driver string) bool {
 	return va.Status.Attached &&
-		slices.Contains(va.Finalizers, attacherFinalizer(driver)) &&
-		va.Annotations["csi.alpha.kubernetes.io/node-id"] == driver
-}
-
-// attacherFinalizer is the finalizer the external-attacher of driver puts on
-// the VolumeAttachments it handles.
-func attacherFinalizer(driver string) string {
-	return "external-attacher/" + strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' {
-			return r
-		}
-		return '-'
-	}, driver)
+		slices.Contains(va.Finalizers, framework.AttacherFinalizer(driver)) &&
+		va.Annotations[framework.NodeIDAnnotation] == driver
 }
 
 // waitAttached waits until v is attached to node by the external-attacher,
@@ -212,7 +199,7 @@ func (e *env) waitAttached(v csiVolume, node string) *storagev1.VolumeAttachment
 			return false, nil
 		}
 		return err == nil && attachedBy(va, v.driver), err
-	}, fmt.Sprintf("VolumeAttachment %s of %s on %s attached by csi-attacher", v.vaName(node), v.name(), node))
+	}, "VolumeAttachment %s of %s on %s attached by csi-attacher", v.vaName(node), v.name(), node)
 	if va.Spec.Attacher != v.driver || va.Spec.NodeName != node || va.Spec.Source.PersistentVolumeName == nil || *va.Spec.Source.PersistentVolumeName != v.pv {
 		e.t.Fatalf("VolumeAttachment %s: spec %+v, want attacher %s, node %s, PV %s", va.Name, va.Spec, v.driver, node, v.pv)
 	}
@@ -222,7 +209,7 @@ func (e *env) waitAttached(v csiVolume, node string) *storagev1.VolumeAttachment
 			return false, err
 		}
 		return hasAttached(n, v.name()) && slices.Contains(n.Status.VolumesInUse, v1.UniqueVolumeName(v.name())), nil
-	}, fmt.Sprintf("%s in volumesAttached and volumesInUse of node %s", v.name(), node))
+	}, "%s in volumesAttached and volumesInUse of node %s", v.name(), node)
 	return va
 }
 
@@ -237,7 +224,7 @@ func (e *env) waitDetached(v csiVolume, node string) {
 			return true, nil
 		}
 		return false, err
-	}, fmt.Sprintf("VolumeAttachment %s of %s on %s gone", v.vaName(node), v.name(), node))
+	}, "VolumeAttachment %s of %s on %s gone", v.vaName(node), v.name(), node)
 	n, err := e.client.CoreV1().Nodes().Get(e.ctx, node, metav1.GetOptions{})
 	if err != nil {
 		e.t.Fatal(err)
@@ -270,6 +257,6 @@ func (e *env) waitEvent(pod, reason, text string) string {
 			}
 		}
 		return false, nil
-	}, fmt.Sprintf("event %s %q on pod %s/%s", reason, text, e.ns, pod))
+	}, "event %s %q on pod %s/%s", reason, text, e.ns, pod)
 	return msg
 }

@@ -235,16 +235,16 @@ func (o Options) binDir() (string, error) {
 	if dir := os.Getenv(BinDirEnv); dir != "" {
 		return dir, nil
 	}
-	root, err := moduleRoot()
+	root, err := ModuleRoot()
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("%w; set %s", err, BinDirEnv)
 	}
 	return filepath.Join(root, "_output", "bin"), nil
 }
 
-// moduleRoot walks up from the working directory, which go test sets to the
-// package directory, to the nearest go.mod.
-func moduleRoot() (string, error) {
+// ModuleRoot walks up from the working directory, which go test sets to the
+// package directory, to the nearest go.mod: the repository root.
+func ModuleRoot() (string, error) {
 	wd, err := os.Getwd()
 	if err != nil {
 		return "", fmt.Errorf("find module root: %w", err)
@@ -254,7 +254,7 @@ func moduleRoot() (string, error) {
 			return dir, nil
 		}
 		if filepath.Dir(dir) == dir {
-			return "", fmt.Errorf("find module root: no go.mod above %s; set %s", wd, BinDirEnv)
+			return "", fmt.Errorf("find module root: no go.mod above %s", wd)
 		}
 	}
 }

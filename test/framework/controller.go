@@ -19,7 +19,7 @@ func FreePort() (int, error) { return freePort() }
 
 // BuildController builds the controller binary into dir and returns its path.
 func BuildController(dir string) (string, error) {
-	root, err := moduleRoot()
+	root, err := ModuleRoot()
 	if err != nil {
 		return "", err
 	}

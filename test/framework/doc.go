@@ -7,7 +7,8 @@
 // object helpers therefore write what those components would have written
 // (a Ready node condition, a bound PV/PVC pair) directly, so that a test sees
 // the cluster state a controller expects without waiting for another
-// component.
+// component. Where a test needs the CSI external-attacher, an Attacher
+// stands in for it.
 //
 // Lifetime. Children run in their own process group, which Stop kills, and
 // with a parent-death signal, so that a test binary that dies (a panic in a

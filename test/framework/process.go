@@ -103,7 +103,7 @@ func (p *process) stop() error {
 
 // tail returns the end of the process log, for start-up errors.
 func (p *process) tail() string {
-	data, err := readTail(p.logPath, tailBytes)
+	data, err := ReadTail(p.logPath, tailBytes)
 	if err != nil {
 		return fmt.Sprintf("--- %s: cannot read log: %s", p.name, err)
 	}
@@ -113,11 +113,13 @@ func (p *process) tail() string {
 // lostPortRace tells whether the process failed because another process
 // took a port between freePort and the bind.
 func (p *process) lostPortRace() bool {
-	data, err := readTail(p.logPath, 64*1024)
+	data, err := ReadTail(p.logPath, 64*1024)
 	return err == nil && strings.Contains(data, "address already in use")
 }
 
-func readTail(path string, n int64) (string, error) {
+// ReadTail returns up to the last n bytes of the file at path, from the
+// start of a line: the end of a process log.
+func ReadTail(path string, n int64) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", fmt.Errorf("open %s: %w", path, err)

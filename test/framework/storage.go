@@ -2,6 +2,8 @@ package framework
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strings"
 
@@ -74,6 +76,21 @@ func CreateCSINode(ctx context.Context, client kubernetes.Interface, node string
 // CSISource returns the source of a CSI persistent volume.
 func CSISource(driver, handle string) v1.PersistentVolumeSource {
 	return v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: handle}}
+}
+
+// VolumeAttachmentName is the name kube-controller-manager gives the
+// VolumeAttachment of a CSI volume on a node; the external-attacher and
+// kubelet look it up by that name. It is computed here independently of the
+// controller's code.
+func VolumeAttachmentName(handle, driver, node string) string {
+	sum := sha256.Sum256([]byte(handle + driver + node))
+	return "csi-" + hex.EncodeToString(sum[:])
+}
+
+// CSIVolumeName is the unique name of a CSI volume in node.status
+// (volumesAttached, volumesInUse).
+func CSIVolumeName(driver, handle string) string {
+	return "kubernetes.io/csi/" + driver + "^" + handle
 }
 
 // PVName is the name CreateBoundPVC gives the volume of claim namespace/name.

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -11,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/kube-attach/attach-detach-controller/cmd/attach-detach-controller/app"
-	"github.com/kube-attach/attach-detach-controller/test/integration/internal/attacher"
+	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
 // A pod with a bound CSI claim on a managed node gets its volume attached:
@@ -26,7 +27,7 @@ func TestAttach(t *testing.T) {
 	e.startController(nil)
 
 	e.createPod("pod", node, "claim")
-	name := vaName(driver, "vol-1", node)
+	name := framework.VolumeAttachmentName("vol-1", driver, node)
 	va := e.waitVA(name)
 	if va.Spec.Attacher != driver {
 		t.Errorf("spec.attacher = %q, want %q", va.Spec.Attacher, driver)
@@ -44,7 +45,7 @@ func TestAttach(t *testing.T) {
 		t.Errorf("VolumeAttachment is attached before any attacher ran")
 	}
 	// Nothing is reported before the attacher confirms the attach.
-	if _, listed, err := e.attachedInStatus(node, uniqueName(driver, "vol-1")); err != nil || listed {
+	if _, listed, err := e.attachedInStatus(node, framework.CSIVolumeName(driver, "vol-1")); err != nil || listed {
 		t.Errorf("node status lists the volume before it is attached (err %v)", err)
 	}
 
@@ -54,7 +55,7 @@ func TestAttach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []v1.AttachedVolume{{Name: v1.UniqueVolumeName(uniqueName(driver, "vol-1")), DevicePath: ""}}
+	want := []v1.AttachedVolume{{Name: v1.UniqueVolumeName(framework.CSIVolumeName(driver, "vol-1")), DevicePath: ""}}
 	if fmt.Sprint(n.Status.VolumesAttached) != fmt.Sprint(want) {
 		t.Errorf("node.status.volumesAttached = %+v, want %+v", n.Status.VolumesAttached, want)
 	}
@@ -100,7 +101,7 @@ func TestDetachUnmounted(t *testing.T) {
 			t.Fatalf("VolumeAttachment %s not deleted %s after the pod was", va.Name, waitTimeout)
 		}
 	}
-	if _, listed, err := e.attachedInStatus(node, uniqueName(driver, "vol-1")); err != nil || listed {
+	if _, listed, err := e.attachedInStatus(node, framework.CSIVolumeName(driver, "vol-1")); err != nil || listed {
 		t.Errorf("node status still lists the volume when its VolumeAttachment is deleted (err %v)", err)
 	}
 	e.waitDetached(driver, "vol-1", node)
@@ -125,17 +126,20 @@ func TestDetachWaitsForUnmount(t *testing.T) {
 
 	// kubelet reports the volume in use as soon as it means to mount it,
 	// before it is attached: long before the pod is deleted.
-	e.setVolumesInUse(node, uniqueName(driver, "vol-1"))
+	e.setVolumesInUse(node, framework.CSIVolumeName(driver, "vol-1"))
 	e.createPod("pod", node, "claim")
 	va := e.waitAttached(driver, "vol-1", node)
 	vw := e.watchVA(va)
 
 	e.deletePod("pod")
 	// Longer than the max wait for unmount: a healthy node is never forced.
-	consistently(t, 3*time.Second, func() (bool, error) {
-		_, listed, err := e.attachedInStatus(node, uniqueName(driver, "vol-1"))
-		return listed && len(vw.deletions()) == 0, err
-	}, "the mounted volume stays attached and listed in node status")
+	framework.Consistently(t, 3*time.Second, func() error {
+		_, listed, err := e.attachedInStatus(node, framework.CSIVolumeName(driver, "vol-1"))
+		if err == nil && !listed {
+			err = errors.New("node status no longer lists it")
+		}
+		return errors.Join(err, vw.intact())
+	}, "the mounted volume to stay attached and listed in node status")
 	if d := vw.deletions(); len(d) != 0 {
 		t.Fatalf("VolumeAttachment of a mounted volume: %v", d)
 	}
@@ -159,7 +163,7 @@ func TestRecreateDeletedAttachment(t *testing.T) {
 	if err := e.client.StorageV1().VolumeAttachments().Delete(e.ctx, old.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, func() (bool, error) {
+	framework.Eventually(t, waitTimeout, func() (bool, error) {
 		va, ok, err := e.getVA(old.Name)
 		if err != nil || !ok {
 			return false, err
@@ -184,16 +188,16 @@ func TestAttachError(t *testing.T) {
 	e.createPod("pod", node, "bad", "good")
 	e.waitAttached(driver, "vol-1", node)
 	e.waitEvent("pod", v1.EventTypeWarning, "FailedAttachVolume",
-		fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", bad.Name, attacher.FailureMessage("fail-x")))
+		fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", bad.Name, framework.AttachFailureMessage("fail-x")))
 
-	va, ok, err := e.getVA(vaName(driver, "fail-x", node))
+	va, ok, err := e.getVA(framework.VolumeAttachmentName("fail-x", driver, node))
 	if err != nil || !ok {
 		t.Fatalf("VolumeAttachment of the failing volume: exists %v, err %v", ok, err)
 	}
 	if va.Status.Attached || va.Status.AttachError == nil {
 		t.Errorf("failing VolumeAttachment status = %+v, want attachError", va.Status)
 	}
-	if _, listed, err := e.attachedInStatus(node, uniqueName(driver, "fail-x")); err != nil || listed {
+	if _, listed, err := e.attachedInStatus(node, framework.CSIVolumeName(driver, "fail-x")); err != nil || listed {
 		t.Errorf("node status lists a volume that failed to attach (err %v)", err)
 	}
 	ctrl.assertRunning(t)

@@ -86,11 +86,11 @@ func TestBadInput(t *testing.T) {
 
 	// Only the good volumes got VolumeAttachments.
 	good := map[string]bool{
-		vaName(driver, "vol-good-1", node):            true,
-		vaName(noObjectDriver, "vol-no-object", node): true,
-		vaName(driver, "vol-good-2", node):            true,
+		framework.VolumeAttachmentName("vol-good-1", driver, node):            true,
+		framework.VolumeAttachmentName("vol-no-object", noObjectDriver, node): true,
+		framework.VolumeAttachmentName("vol-good-2", driver, node):            true,
 	}
-	consistently(t, quietPeriod, e.noVAFor(func(va *storagev1.VolumeAttachment) bool {
+	framework.Consistently(t, quietPeriod, e.noVAFor(func(va *storagev1.VolumeAttachment) bool {
 		return va.Spec.NodeName == node && !good[va.Name]
 	}), "no VolumeAttachment on node %s but those of the good volumes", node)
 	n, err := e.client.CoreV1().Nodes().Get(e.ctx, node, metav1.GetOptions{})

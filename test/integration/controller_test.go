@@ -9,7 +9,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/kube-attach/attach-detach-controller/cmd/attach-detach-controller/app"
-	"github.com/kube-attach/attach-detach-controller/test/integration/internal/attacher"
+	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
 // controllerProc is one in-process run of the controller (app.Run).
@@ -78,17 +78,8 @@ func (p *controllerProc) assertRunning(t *testing.T) {
 
 // startAttacher runs a test external-attacher for driver until the test ends.
 // Volumes whose handle starts with failPrefix (if not empty) fail to attach
-// with attacher.FailureMessage(handle).
+// with framework.AttachFailureMessage(handle).
 func (e *env) startAttacher(driver, failPrefix string) {
 	e.t.Helper()
-	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), ktesting.NewLogger(e.t, ktesting.NewConfig(ktesting.Verbosity(1)))))
-	wait, err := attacher.Start(ctx, e.client, attacher.Config{Driver: driver, FailPrefix: failPrefix})
-	if err != nil {
-		cancel()
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() {
-		cancel()
-		wait()
-	})
+	framework.StartAttacher(e.t, e.client, framework.AttacherOptions{Drivers: []string{driver}, FailPrefix: failPrefix})
 }

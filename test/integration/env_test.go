@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"strings"
@@ -271,15 +270,4 @@ func (e *env) createPodObject(pod *v1.Pod) {
 	if _, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, pod, metav1.CreateOptions{}); err != nil {
 		e.t.Fatalf("create pod %s: %v", pod.Name, err)
 	}
-}
-
-// uniqueName is the CSI volume name kubelet expects in node.status.
-func uniqueName(driver, handle string) string {
-	return "kubernetes.io/csi/" + driver + "^" + handle
-}
-
-// vaName is the name kube-controller-manager gives a VolumeAttachment.
-func vaName(driver, handle, node string) string {
-	sum := sha256.Sum256([]byte(handle + driver + node))
-	return "csi-" + hex.EncodeToString(sum[:])
 }

@@ -8,6 +8,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 
 	"github.com/kube-attach/attach-detach-controller/cmd/attach-detach-controller/app"
+	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
 // mountedOnDeadNode attaches a volume for a pod on a new node, marks it
@@ -19,7 +20,7 @@ func mountedOnDeadNode(e *env, driver string) (string, *storagev1.VolumeAttachme
 	e.createCSIClaim("claim", driver, "vol-1")
 	// In use from before the attach, as kubelet reports it: the controller
 	// has long seen it when the pod goes.
-	e.setVolumesInUse(node, uniqueName(driver, "vol-1"))
+	e.setVolumesInUse(node, framework.CSIVolumeName(driver, "vol-1"))
 	e.createPod("pod", node, "claim")
 	va := e.waitAttached(driver, "vol-1", node)
 	e.setNodeReady(node, false)
@@ -78,9 +79,7 @@ func TestNoForcedDetachWhenDisabled(t *testing.T) {
 
 	node, va, _ := mountedOnDeadNode(e, driver)
 	vw := e.watchVA(va)
-	consistently(t, 3*maxWait, func() (bool, error) {
-		return len(vw.deletions()) == 0, nil
-	}, "the mounted volume stays attached (three times the max wait for unmount)")
+	framework.Consistently(t, 3*maxWait, vw.intact, "the mounted volume to stay attached (three times the max wait for unmount)")
 
 	// Unmounted: now it may go, node NotReady or not.
 	e.setVolumesInUse(node)

@@ -1,6 +1,6 @@
 // Package integration runs the attach/detach controller in-process against a
 // real etcd and kube-apiserver (test/framework), with a test stand-in for the
-// CSI external-attacher (internal/attacher). The "kubelet" is the test itself:
+// CSI external-attacher (framework.Attacher). The "kubelet" is the test itself:
 // it sets node readiness and node.status.volumesInUse.
 //
 // One cluster serves the whole package. Each test works in a namespace of its

@@ -6,6 +6,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+
+	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
 // A ReadWriteOnce volume attached to one node is refused to a pod on another
@@ -25,18 +27,18 @@ func TestMultiAttachHandover(t *testing.T) {
 
 	// vol-1 is mounted on node 1 (reported in use from before the attach,
 	// as kubelet does).
-	e.setVolumesInUse(node1, uniqueName(driver, "vol-1"))
+	e.setVolumesInUse(node1, framework.CSIVolumeName(driver, "vol-1"))
 	e.createPod("pod-a", node1, "claim", "marker")
 	e.waitAttached(driver, "vol-1", node1)
 	e.waitAttached(driver, "vol-marker", node1)
-	second := vaName(driver, "vol-1", node2)
+	second := framework.VolumeAttachmentName("vol-1", driver, node2)
 	noSecond := e.noVAFor(func(va *storagev1.VolumeAttachment) bool { return va.Name == second })
 
 	// A pod of the same namespace holds it: the warning names that pod.
 	e.createPod("pod-b", node2, "claim")
 	e.waitEvent("pod-b", v1.EventTypeWarning, "FailedAttachVolume",
 		fmt.Sprintf("Multi-Attach error for volume %q Volume is already used by pod(s) pod-a", pv.Name))
-	consistently(t, quietPeriod, noSecond, "no VolumeAttachment for node %s while pod-a on node %s uses the volume", node2, node1)
+	framework.Consistently(t, quietPeriod, noSecond, "no VolumeAttachment for node %s while pod-a on node %s uses the volume", node2, node1)
 
 	// No pod wants it on node 1 any more, but it is still mounted there. A
 	// pod that comes now is told the volume is attached elsewhere. (Upstream
@@ -46,8 +48,8 @@ func TestMultiAttachHandover(t *testing.T) {
 	e.createPod("pod-c", node2, "claim")
 	e.waitEvent("pod-c", v1.EventTypeWarning, "FailedAttachVolume",
 		fmt.Sprintf("Multi-Attach error for volume %q Volume is already exclusively attached to one node and can't be attached to another", pv.Name))
-	consistently(t, quietPeriod, noSecond, "no VolumeAttachment for node %s while the volume is mounted on node %s", node2, node1)
-	if _, ok, err := e.getVA(vaName(driver, "vol-1", node1)); err != nil || !ok {
+	framework.Consistently(t, quietPeriod, noSecond, "no VolumeAttachment for node %s while the volume is mounted on node %s", node2, node1)
+	if _, ok, err := e.getVA(framework.VolumeAttachmentName("vol-1", driver, node1)); err != nil || !ok {
 		t.Fatalf("VolumeAttachment on node %s: exists %v, err %v", node1, ok, err)
 	}
 
@@ -108,12 +110,12 @@ func TestNoAttachUnmanagedOrNotRequired(t *testing.T) {
 	e.createPod("pod-control", managed, "control")
 	e.waitAttached(driver, "vol-control", managed)
 
-	consistently(t, quietPeriod, e.noVAFor(func(va *storagev1.VolumeAttachment) bool {
+	framework.Consistently(t, quietPeriod, e.noVAFor(func(va *storagev1.VolumeAttachment) bool {
 		return va.Spec.NodeName == unmanaged || va.Spec.Attacher == noAttachDriver
 	}), "no VolumeAttachment for the unmanaged node nor for the driver with attachRequired=false")
 	for _, check := range []struct{ node, volume string }{
-		{unmanaged, uniqueName(driver, "vol-unmanaged")},
-		{managed, uniqueName(noAttachDriver, "vol-noattach")},
+		{unmanaged, framework.CSIVolumeName(driver, "vol-unmanaged")},
+		{managed, framework.CSIVolumeName(noAttachDriver, "vol-noattach")},
 	} {
 		if _, listed, err := e.attachedInStatus(check.node, check.volume); err != nil || listed {
 			t.Errorf("node %s status lists %s (err %v)", check.node, check.volume, err)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	storagev1 "k8s.io/api/storage/v1"
+
+	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
 // A restarted controller rebuilds its state before it detaches anything: the
@@ -29,7 +31,7 @@ func TestRestartNoSpuriousDetach(t *testing.T) {
 		handle := fmt.Sprintf("vol-keep-%d", i)
 		e.createCSIClaim(fmt.Sprintf("keep-%d", i), driver, handle)
 		e.createPod(fmt.Sprintf("pod-keep-%d", i), node, fmt.Sprintf("keep-%d", i))
-		keptNames = append(keptNames, uniqueName(driver, handle))
+		keptNames = append(keptNames, framework.CSIVolumeName(driver, handle))
 	}
 	e.createCSIClaim("gone", driver, "vol-gone")
 	e.createPod("pod-gone", node, "gone")
@@ -53,30 +55,32 @@ func TestRestartNoSpuriousDetach(t *testing.T) {
 	// depend on it.
 	second := e.startController(nil)
 
-	keptIntact := func() (bool, error) {
+	keptIntact := func() error {
 		for _, vw := range watches {
-			if d := vw.deletions(); len(d) != 0 {
-				t.Fatalf("VolumeAttachment of a volume still in use, after the restart: %v", d)
+			if err := vw.intact(); err != nil {
+				return fmt.Errorf("volume still in use, after the restart: %w", err)
 			}
 		}
 		if m := nw.missing(keptNames...); len(m) != 0 {
-			t.Fatalf("node status stopped listing a volume still in use, after the restart: %v", m)
+			return fmt.Errorf("node status stopped listing a volume still in use, after the restart: %v", m)
 		}
-		return true, nil
+		return nil
 	}
-	eventually(t, 20*time.Second, func() (bool, error) {
-		keptIntact()
-		_, exists, err := e.getVA(vaName(driver, "vol-gone", node))
+	framework.Eventually(t, 20*time.Second, func() (bool, error) {
+		if err := keptIntact(); err != nil {
+			return false, err
+		}
+		_, exists, err := e.getVA(framework.VolumeAttachmentName("vol-gone", driver, node))
 		if err != nil || exists {
 			return false, err
 		}
-		_, listed, err := e.attachedInStatus(node, uniqueName(driver, "vol-gone"))
+		_, listed, err := e.attachedInStatus(node, framework.CSIVolumeName(driver, "vol-gone"))
 		return !listed, err
 	}, "volume of the pod deleted during the downtime detached")
 	t.Logf("volume of the pod deleted during the downtime detached %s after the restart", time.Since(restarted).Round(time.Millisecond))
 
 	// Give the restarted controller time to act on anything it may have got
 	// wrong about the kept volumes.
-	consistently(t, quietPeriod, keptIntact, "the kept volumes stay attached")
+	framework.Consistently(t, quietPeriod, keptIntact, "the kept volumes to stay attached")
 	second.assertRunning(t)
 }

@@ -1,12 +1,9 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"sync"
-	"testing"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -51,15 +48,15 @@ func (e *env) attachedInStatus(node, volume string) (v1.AttachedVolume, bool, er
 // and node.status.volumesAttached lists it; it returns the VolumeAttachment.
 func (e *env) waitAttached(driver, handle, node string) *storagev1.VolumeAttachment {
 	e.t.Helper()
-	name := vaName(driver, handle, node)
+	name := framework.VolumeAttachmentName(handle, driver, node)
 	var va *storagev1.VolumeAttachment
-	eventually(e.t, waitTimeout, func() (bool, error) {
+	framework.Eventually(e.t, waitTimeout, func() (bool, error) {
 		got, ok, err := e.getVA(name)
 		if err != nil || !ok || !got.Status.Attached {
 			return false, err
 		}
 		va = got
-		_, listed, err := e.attachedInStatus(node, uniqueName(driver, handle))
+		_, listed, err := e.attachedInStatus(node, framework.CSIVolumeName(driver, handle))
 		return listed, err
 	}, "volume %s attached to node %s (VolumeAttachment %s attached and listed in node status)", handle, node, name)
 	return va
@@ -69,13 +66,13 @@ func (e *env) waitAttached(driver, handle, node string) *storagev1.VolumeAttachm
 // node.status.volumesAttached no longer lists it.
 func (e *env) waitDetached(driver, handle, node string) {
 	e.t.Helper()
-	name := vaName(driver, handle, node)
-	eventually(e.t, waitTimeout, func() (bool, error) {
+	name := framework.VolumeAttachmentName(handle, driver, node)
+	framework.Eventually(e.t, waitTimeout, func() (bool, error) {
 		_, exists, err := e.getVA(name)
 		if err != nil || exists {
 			return false, err
 		}
-		_, listed, err := e.attachedInStatus(node, uniqueName(driver, handle))
+		_, listed, err := e.attachedInStatus(node, framework.CSIVolumeName(driver, handle))
 		return !listed, err
 	}, "volume %s detached from node %s (VolumeAttachment %s gone, not in node status)", handle, node, name)
 }
@@ -84,7 +81,7 @@ func (e *env) waitDetached(driver, handle, node string) {
 func (e *env) waitVA(name string) *storagev1.VolumeAttachment {
 	e.t.Helper()
 	var va *storagev1.VolumeAttachment
-	eventually(e.t, waitTimeout, func() (bool, error) {
+	framework.Eventually(e.t, waitTimeout, func() (bool, error) {
 		got, ok, err := e.getVA(name)
 		va = got
 		return ok, err
@@ -92,56 +89,20 @@ func (e *env) waitVA(name string) *storagev1.VolumeAttachment {
 	return va
 }
 
-// eventually is framework.Eventually with a printf-style message (vet takes
-// framework.Eventually for a Print-style function and flags any directive).
-func eventually(t *testing.T, timeout time.Duration, cond func() (bool, error), format string, args ...any) {
-	t.Helper()
-	if !poll(t, timeout, cond) {
-		t.Fatalf("wait for %s: not true after %s", fmt.Sprintf(format, args...), timeout)
-	}
-}
-
-// consistently checks cond every framework.PollInterval for d and fails the
-// test the first time it is false: a "this stays so" assertion.
-func consistently(t *testing.T, d time.Duration, cond func() (bool, error), format string, args ...any) {
-	t.Helper()
-	what := fmt.Sprintf(format, args...)
-	deadline := time.Now().Add(d)
-	ticker := time.NewTicker(framework.PollInterval)
-	defer ticker.Stop()
-	for {
-		ok, err := cond()
-		if err != nil {
-			t.Fatalf("check that %s: %v", what, err)
-		}
-		if !ok {
-			t.Fatalf("expected %s for %s, but it changed", what, d)
-		}
-		if !time.Now().Before(deadline) {
-			return
-		}
-		select {
-		case <-t.Context().Done():
-			t.Fatalf("check that %s: %v", what, t.Context().Err())
-		case <-ticker.C:
-		}
-	}
-}
-
-// noVAFor returns a condition true while no VolumeAttachment matches.
-func (e *env) noVAFor(match func(*storagev1.VolumeAttachment) bool) func() (bool, error) {
-	return func() (bool, error) {
+// noVAFor returns a check (for framework.Consistently) that fails once a
+// VolumeAttachment matches.
+func (e *env) noVAFor(match func(*storagev1.VolumeAttachment) bool) func() error {
+	return func() error {
 		vas, err := e.client.StorageV1().VolumeAttachments().List(e.ctx, metav1.ListOptions{})
 		if err != nil {
-			return false, err
+			return err
 		}
 		for i := range vas.Items {
-			if match(&vas.Items[i]) {
-				e.t.Logf("unexpected VolumeAttachment %s: attacher %s, node %s", vas.Items[i].Name, vas.Items[i].Spec.Attacher, vas.Items[i].Spec.NodeName)
-				return false, nil
+			if va := &vas.Items[i]; match(va) {
+				return fmt.Errorf("unexpected VolumeAttachment %s: attacher %s, node %s", va.Name, va.Spec.Attacher, va.Spec.NodeName)
 			}
 		}
-		return true, nil
+		return nil
 	}
 }
 
@@ -160,7 +121,7 @@ func (e *env) podEvents(pod string) ([]v1.Event, error) {
 func (e *env) waitEvent(pod, eventType, reason, message string) {
 	e.t.Helper()
 	var seen []string
-	ok := poll(e.t, waitTimeout, func() (bool, error) {
+	ok := framework.Poll(e.t, waitTimeout, func() (bool, error) {
 		events, err := e.podEvents(pod)
 		if err != nil {
 			return false, err
@@ -176,30 +137,6 @@ func (e *env) waitEvent(pod, eventType, reason, message string) {
 	})
 	if !ok {
 		e.t.Fatalf("no event %s %s %q on pod %s/%s after %s; events seen: %q", eventType, reason, message, e.ns, pod, waitTimeout, seen)
-	}
-}
-
-// poll calls cond every framework.PollInterval until it is true (true) or
-// timeout passes (false). An error from cond fails the test.
-func poll(t *testing.T, timeout time.Duration, cond func() (bool, error)) bool {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), timeout)
-	defer cancel()
-	ticker := time.NewTicker(framework.PollInterval)
-	defer ticker.Stop()
-	for {
-		done, err := cond()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if done {
-			return true
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-ticker.C:
-		}
 	}
 }
 
@@ -222,6 +159,7 @@ func (e *env) warnings(pod string) ([]string, error) {
 // vaWatch records every change of one VolumeAttachment from the moment it
 // starts, so that a test can tell it was never deleted, not even briefly.
 type vaWatch struct {
+	name    string
 	uid     types.UID
 	mu      sync.Mutex
 	events  []watch.Event
@@ -242,7 +180,7 @@ func (e *env) watchVA(va *storagev1.VolumeAttachment) *vaWatch {
 	if err != nil {
 		e.t.Fatalf("watch VolumeAttachment %s: %v", name, err)
 	}
-	vw := &vaWatch{uid: va.UID, stop: w.Stop, done: make(chan struct{})}
+	vw := &vaWatch{name: name, uid: va.UID, stop: w.Stop, done: make(chan struct{})}
 	go func() {
 		defer close(vw.done)
 		for ev := range w.ResultChan() {
@@ -256,6 +194,14 @@ func (e *env) watchVA(va *storagev1.VolumeAttachment) *vaWatch {
 	}()
 	e.t.Cleanup(vw.close)
 	return vw
+}
+
+// intact is an error describing the deletions the watch saw, if any.
+func (vw *vaWatch) intact() error {
+	if d := vw.deletions(); len(d) != 0 {
+		return fmt.Errorf("VolumeAttachment %s: %v", vw.name, d)
+	}
+	return nil
 }
 
 func (vw *vaWatch) close() {

@@ -86,15 +86,8 @@ func (c *Controller) get(ctx context.Context, path string) ([]byte, int, error) 
 }
 
 // Metrics scrapes /metrics.
-func (c *Controller) Metrics(ctx context.Context) (Metrics, error) {
-	body, code, err := c.get(ctx, "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	if code != http.StatusOK {
-		return nil, fmt.Errorf("get /metrics: status %d: %s", code, body)
-	}
-	return ParseMetrics(string(body))
+func (c *Controller) Metrics(ctx context.Context) (framework.Metrics, error) {
+	return framework.ScrapeMetrics(ctx, c.URL+"/metrics")
 }
 
 // Explanation is one volume of an /explain answer: what the controller

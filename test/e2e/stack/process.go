@@ -1,16 +1,16 @@
 package stack
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
 // killTimeout bounds the wait for a child after SIGKILL, which it cannot
@@ -133,7 +133,7 @@ func (p *Process) stop(grace time.Duration) error {
 
 // Tail returns up to the last n bytes of the process log, from a line start.
 func (p *Process) Tail(n int64) string {
-	data, err := readTail(p.LogPath, n)
+	data, err := framework.ReadTail(p.LogPath, n)
 	if err != nil {
 		return fmt.Sprintf("(cannot read log of %s: %s)", p.Name, err)
 	}
@@ -147,27 +147,4 @@ func (p *Process) Log() string {
 		return fmt.Sprintf("(cannot read log of %s: %s)", p.Name, err)
 	}
 	return string(data)
-}
-
-func readTail(path string, n int64) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", fmt.Errorf("open %s: %w", path, err)
-	}
-	defer func() { _ = f.Close() }() // read-only: a close error loses nothing
-	info, err := f.Stat()
-	if err != nil {
-		return "", fmt.Errorf("stat %s: %w", path, err)
-	}
-	offset := max(info.Size()-n, 0)
-	data, err := io.ReadAll(io.NewSectionReader(f, offset, info.Size()-offset))
-	if err != nil {
-		return "", fmt.Errorf("read %s: %w", path, err)
-	}
-	if offset > 0 {
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			data = data[i+1:]
-		}
-	}
-	return string(data), nil
 }

@@ -278,33 +278,17 @@ func (o Options) binDir() (string, error) {
 	if dir := os.Getenv(framework.BinDirEnv); dir != "" {
 		return dir, nil
 	}
-	root, err := ModuleRoot()
+	root, err := framework.ModuleRoot()
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("%w; set %s", err, framework.BinDirEnv)
 	}
 	return filepath.Join(root, "_output", "bin"), nil
-}
-
-// ModuleRoot walks up from the working directory to the nearest go.mod.
-func ModuleRoot() (string, error) {
-	wd, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("find module root: %w", err)
-	}
-	for dir := wd; ; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		if filepath.Dir(dir) == dir {
-			return "", fmt.Errorf("find module root: no go.mod above %s; set %s", wd, framework.BinDirEnv)
-		}
-	}
 }
 
 // Build builds the controller and kubeletsim from the module's source into
 // dir, and returns Options using them.
 func Build(ctx context.Context, dir string) (Options, error) {
-	root, err := ModuleRoot()
+	root, err := framework.ModuleRoot()
 	if err != nil {
 		return Options{}, err
 	}

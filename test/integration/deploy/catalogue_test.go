@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"bufio"
 	"fmt"
 	"maps"
 	"os"
@@ -10,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
 // catalogueFile is the metrics catalogue, relative to the repository root.
@@ -40,13 +41,8 @@ func isRuntime(name string) bool {
 func parseExposition(text string) (map[string]family, error) {
 	families := map[string]family{}
 	labelSets := map[string]map[string]bool{}
-	sc := bufio.NewScanner(strings.NewReader(text))
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" {
-			continue
-		}
+	for line := range strings.Lines(text) {
+		line = strings.TrimSpace(line)
 		if rest, ok := strings.CutPrefix(line, "# TYPE "); ok {
 			f := strings.Fields(rest)
 			if len(f) != 2 {
@@ -54,19 +50,17 @@ func parseExposition(text string) (map[string]family, error) {
 			}
 			families[f[0]] = family{typ: f[1]}
 			labelSets[f[0]] = map[string]bool{}
-			continue
 		}
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		name, labels, err := parseSample(line)
-		if err != nil {
-			return nil, err
-		}
-		base := name
+	}
+	samples, err := framework.ParseMetrics(text)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range samples {
+		base := s.Name
 		if _, ok := families[base]; !ok {
 			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-				if b, ok := strings.CutSuffix(name, suffix); ok {
+				if b, ok := strings.CutSuffix(s.Name, suffix); ok {
 					if _, known := families[b]; known {
 						base = b
 					}
@@ -75,63 +69,19 @@ func parseExposition(text string) (map[string]family, error) {
 		}
 		set, ok := labelSets[base]
 		if !ok {
-			return nil, fmt.Errorf("sample %q of no declared family", line)
+			return nil, fmt.Errorf("sample %s of no declared family", s.Name)
 		}
-		for _, l := range labels {
+		for l := range s.Labels {
 			if l != "le" && l != "quantile" {
 				set[l] = true
 			}
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
 	}
 	for name, f := range families {
 		f.labels = slices.Sorted(maps.Keys(labelSets[name]))
 		families[name] = f
 	}
 	return families, nil
-}
-
-var sampleName = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{|\s)`)
-
-// parseSample returns the metric name and label names of a sample line.
-func parseSample(line string) (string, []string, error) {
-	m := sampleName.FindStringSubmatch(line)
-	if m == nil {
-		return "", nil, fmt.Errorf("bad sample line %q", line)
-	}
-	if m[2] != "{" {
-		return m[1], nil, nil
-	}
-	var labels []string
-	rest := line[len(m[0]):]
-	for {
-		rest = strings.TrimLeft(rest, ", ")
-		if strings.HasPrefix(rest, "}") {
-			return m[1], labels, nil
-		}
-		name, value, ok := strings.Cut(rest, "=\"")
-		if !ok {
-			return "", nil, fmt.Errorf("bad labels in %q", line)
-		}
-		labels = append(labels, name)
-		// Skip the quoted value, minding escapes.
-		i := 0
-		for ; i < len(value); i++ {
-			if value[i] == '\\' {
-				i++
-				continue
-			}
-			if value[i] == '"' {
-				break
-			}
-		}
-		if i >= len(value) {
-			return "", nil, fmt.Errorf("unterminated label value in %q", line)
-		}
-		rest = value[i+1:]
-	}
 }
 
 // catalogue is docs/metrics.md: the documented families, and the prefixes

@@ -3,7 +3,6 @@ package deploy
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -21,11 +20,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/klog/v2"
-	"k8s.io/klog/v2/ktesting"
 
 	"github.com/kube-attach/attach-detach-controller/test/framework"
-	"github.com/kube-attach/attach-detach-controller/test/integration/internal/attacher"
 )
 
 const (
@@ -159,25 +155,8 @@ func newScene(t *testing.T, base, failPrefix string) *scene {
 	if _, err := framework.CreateCSIDriver(s.ctx, s.client, s.driver, nil); err != nil {
 		t.Fatal(err)
 	}
-	s.startAttacher(s.driver, failPrefix)
+	framework.StartAttacher(t, s.client, framework.AttacherOptions{Drivers: []string{s.driver}, FailPrefix: failPrefix})
 	return s
-}
-
-// startAttacher runs a stand-in for the CSI external-attacher of driver
-// until the test ends.
-func (s *scene) startAttacher(driver, failPrefix string) {
-	s.t.Helper()
-	logger := ktesting.NewLogger(s.t, ktesting.NewConfig(ktesting.Verbosity(0)))
-	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
-	wait, err := attacher.Start(ctx, s.client, attacher.Config{Driver: driver, FailPrefix: failPrefix})
-	if err != nil {
-		cancel()
-		s.t.Fatal(err)
-	}
-	s.t.Cleanup(func() {
-		cancel()
-		wait()
-	})
 }
 
 // cleanup deletes what the scene created, after the test's controllers and
@@ -230,13 +209,12 @@ type volume struct {
 }
 
 func (s *scene) volume(name, handle string) volume {
-	sum := sha256.Sum256([]byte(handle + s.driver + s.node))
 	return volume{
 		name:       name,
 		handle:     handle,
 		node:       s.node,
-		unique:     "kubernetes.io/csi/" + s.driver + "^" + handle,
-		attachment: "csi-" + hex.EncodeToString(sum[:]),
+		unique:     framework.CSIVolumeName(s.driver, handle),
+		attachment: framework.VolumeAttachmentName(handle, s.driver, s.node),
 	}
 }
 
@@ -275,7 +253,7 @@ func (s *scene) waitAttached(v volume) *storagev1.VolumeAttachment {
 		var err error
 		va, err = s.attachment(v)
 		return va != nil && va.Status.Attached, err
-	}, fmt.Sprintf("VolumeAttachment %s of %s attached", v.attachment, v.name))
+	}, "VolumeAttachment %s of %s attached", v.attachment, v.name)
 	return va
 }
 
@@ -284,7 +262,7 @@ func (s *scene) waitDetached(v volume) {
 	framework.Eventually(s.t, waitTimeout, func() (bool, error) {
 		va, err := s.attachment(v)
 		return va == nil, err
-	}, fmt.Sprintf("VolumeAttachment %s of %s deleted", v.attachment, v.name))
+	}, "VolumeAttachment %s of %s deleted", v.attachment, v.name)
 }
 
 // reported returns the volumes node.status.volumesAttached lists.
@@ -308,7 +286,7 @@ func (s *scene) waitReported(v volume, want bool) {
 	framework.Eventually(s.t, waitTimeout, func() (bool, error) {
 		got, err := s.reported(v.node)
 		return slices.Contains(got, v.unique) == want, err
-	}, fmt.Sprintf("node %s status.volumesAttached listing %s: %v", v.node, v.unique, want))
+	}, "node %s status.volumesAttached listing %s: %v", v.node, v.unique, want)
 }
 
 // setInUse sets node.status.volumesInUse, as kubelet reports mounts.

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -184,42 +182,30 @@ func snapshotState(t *testing.T, s *scene) state {
 func waitSettled(t *testing.T, c *controller, s *scene, volumes int) {
 	t.Helper()
 	plugin := "kubernetes.io/csi:" + s.driver
-	want := map[string]float64{
-		`attachdetach_controller_total_volumes{plugin_name="` + plugin + `",state="desired_state_of_world"}`: float64(volumes),
-		`attachdetach_controller_total_volumes{plugin_name="` + plugin + `",state="actual_state_of_world"}`:  float64(volumes),
-		`workqueue_depth{name="volumes"}`:    0,
-		`workqueue_depth{name="nodestatus"}`: 0,
-		`workqueue_depth{name="pods"}`:       0,
+	want := []struct {
+		name   string
+		labels map[string]string
+		value  float64
+	}{
+		{"attachdetach_controller_total_volumes", map[string]string{"plugin_name": plugin, "state": "desired_state_of_world"}, float64(volumes)},
+		{"attachdetach_controller_total_volumes", map[string]string{"plugin_name": plugin, "state": "actual_state_of_world"}, float64(volumes)},
+		{"workqueue_depth", map[string]string{"name": "volumes"}, 0},
+		{"workqueue_depth", map[string]string{"name": "nodestatus"}, 0},
+		{"workqueue_depth", map[string]string{"name": "pods"}, 0},
 	}
 	framework.Eventually(t, waitTimeout, func() (bool, error) {
-		_, body, err := c.get("/metrics")
+		got, err := framework.ScrapeMetrics(t.Context(), c.url+"/metrics")
 		if err != nil {
 			return false, nil
 		}
-		got := samples(body)
-		for series, v := range want {
-			if value, ok := got[series]; !ok || value != v {
+		for _, w := range want {
+			// One series each, with exactly these labels.
+			if m := got.Select(w.name, w.labels); len(m) != 1 || len(m[0].Labels) != len(w.labels) || m[0].Value != w.value {
 				return false, nil
 			}
 		}
 		return true, nil
-	}, fmt.Sprintf("%d volumes desired and attached, queues empty", volumes))
-}
-
-// samples maps each series of an exposition to its value.
-func samples(body string) map[string]float64 {
-	out := map[string]float64{}
-	for line := range strings.Lines(body) {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-			out[line[:i]] = v
-		}
-	}
-	return out
+	}, "%d volumes desired and attached, queues empty", volumes)
 }
 
 // detachGuard watches, for the whole test, the VolumeAttachments and the

@@ -60,7 +60,7 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	var err error
-	if repoRoot, err = findRepoRoot(); err != nil {
+	if repoRoot, err = framework.ModuleRoot(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -109,20 +109,4 @@ func run(m *testing.M) int {
 	defer c.Stop()
 	cluster = c
 	return m.Run()
-}
-
-// findRepoRoot walks up from the package directory to go.mod.
-func findRepoRoot() (string, error) {
-	wd, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for dir := wd; ; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		if filepath.Dir(dir) == dir {
-			return "", fmt.Errorf("no go.mod above %s", wd)
-		}
-	}
 }

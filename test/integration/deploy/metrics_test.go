@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -89,7 +88,7 @@ func waitMetric(t *testing.T, c *controller, prefix string) {
 			}
 		}
 		return false, nil
-	}, fmt.Sprintf("/metrics to serve %s", prefix))
+	}, "/metrics to serve %s", prefix)
 }
 
 // taintOutOfService adds node.kubernetes.io/out-of-service, as an operator

@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -212,7 +211,7 @@ func TestLeastPrivilege(t *testing.T) {
 				t.Helper()
 				framework.Eventually(t, waitTimeout, func() (bool, error) {
 					return forbiddenCount(controllerRequests(t, offset), tc.perm) >= tc.refusals, nil
-				}, fmt.Sprintf("%d refused requests to %s", tc.refusals, tc.perm))
+				}, "%d refused requests to %s", tc.refusals, tc.perm)
 			}
 			tc.flow(t, s, wait)
 			if tc.role && strings.Contains(c.p.Output(), `"Became leader"`) {
@@ -239,7 +238,7 @@ func waitEventCount(t *testing.T, s *scene, pod, reason string, n int32) {
 			}
 		}
 		return false, nil
-	}, fmt.Sprintf("event %s on pod %s counted %d times", reason, pod, n))
+	}, "event %s on pod %s counted %d times", reason, pod, n)
 }
 
 // logRefusals logs, if the test fails, the controller's requests refused

@@ -31,13 +31,13 @@ func TestMigratedPV(t *testing.T) {
 	ctx := t.Context()
 	createNode(t, node)
 	createMigratedCSINode(ctx, t, node)
-	startAttacher(t, cluster.Client, ebsDriver)
+	framework.StartAttacher(t, cluster.Client, framework.AttacherOptions{Drivers: []string{ebsDriver}})
 	ctrl := startController(t)
 
 	pv := createBoundPV(t, ns, "claim", ebsSource("vol-abc"))
 	createPod(t, ns, "pod", node, framework.PVCVolumes("claim")...)
 
-	va := waitAttachedVA(t, vaName("vol-abc", ebsDriver, node))
+	va := waitAttachedVA(t, framework.VolumeAttachmentName("vol-abc", ebsDriver, node))
 	if va.Spec.Attacher != ebsDriver {
 		t.Errorf("spec.attacher = %q, want %q", va.Spec.Attacher, ebsDriver)
 	}
@@ -47,7 +47,7 @@ func TestMigratedPV(t *testing.T) {
 	if src := va.Spec.Source; src.PersistentVolumeName == nil || *src.PersistentVolumeName != pv.Name || src.InlineVolumeSpec != nil {
 		t.Errorf("spec.source = %+v, want persistentVolumeName %s only", src, pv.Name)
 	}
-	attached := waitListed(t, node, csiName(ebsDriver, "vol-abc"), true)
+	attached := waitListed(t, node, framework.CSIVolumeName(ebsDriver, "vol-abc"), true)
 	if listed(attached, ebsPlugin+"/vol-abc") {
 		t.Errorf("volumesAttached lists the in-tree name too: %v", attached)
 	}
@@ -63,7 +63,7 @@ func TestMigratedPV(t *testing.T) {
 	// The attach is timed as a migrated operation of the CSI plugin, and the
 	// decision is counted.
 	framework.Eventually(t, 10*time.Second, func() (bool, error) {
-		v, _, err := ctrl.metric(operationCount, map[string]string{
+		v, err := ctrl.metric(operationCount, map[string]string{
 			"volume_plugin": "kubernetes.io/csi:" + ebsDriver, "operation_name": "volume_attach",
 			"status": "success", "migrated": "true",
 		})
@@ -91,13 +91,13 @@ func TestMigratedInlineVolume(t *testing.T) {
 	setup(t, ns)
 	createNode(t, node)
 	createMigratedCSINode(t.Context(), t, node)
-	startAttacher(t, cluster.Client, ebsDriver)
+	framework.StartAttacher(t, cluster.Client, framework.AttacherOptions{Drivers: []string{ebsDriver}})
 	startController(t)
 
 	// The URL form of the volume ID: the handle is what translation makes of it.
 	createPod(t, ns, "pod", node, inlineEBS("disk", "aws://us-east-1a/"+handle))
 
-	va := waitAttachedVA(t, vaName(handle, ebsDriver, node))
+	va := waitAttachedVA(t, framework.VolumeAttachmentName(handle, ebsDriver, node))
 	src := va.Spec.Source
 	if src.PersistentVolumeName != nil {
 		t.Errorf("spec.source.persistentVolumeName = %q, want none", *src.PersistentVolumeName)
@@ -112,7 +112,7 @@ func TestMigratedInlineVolume(t *testing.T) {
 	if va.Spec.Attacher != ebsDriver || va.Spec.NodeName != node {
 		t.Errorf("spec = {attacher %q, nodeName %q}, want {%q, %q}", va.Spec.Attacher, va.Spec.NodeName, ebsDriver, node)
 	}
-	waitListed(t, node, csiName(ebsDriver, handle), true)
+	waitListed(t, node, framework.CSIVolumeName(ebsDriver, handle), true)
 }
 
 // A volume whose node has not said yet whether it migrated the plugin waits,
@@ -127,7 +127,7 @@ func TestCSINodeCreatedLater(t *testing.T) {
 	setup(t, ns)
 	ctx := t.Context()
 	createNode(t, node)
-	startAttacher(t, cluster.Client, ebsDriver)
+	framework.StartAttacher(t, cluster.Client, framework.AttacherOptions{Drivers: []string{ebsDriver}})
 	ctrl := startController(t)
 
 	createBoundPV(t, ns, "claim", ebsSource(handle))
@@ -139,10 +139,10 @@ func TestCSINodeCreatedLater(t *testing.T) {
 	msg := waitPodEvent(t, ns, "pod", v1.EventTypeWarning, "CSINode", node)
 	t.Logf("Warning while waiting: %s", msg)
 	framework.Eventually(t, 10*time.Second, func() (bool, error) {
-		v, _, err := ctrl.metric(waitingMetric, nil)
+		v, err := ctrl.metric(waitingMetric, nil)
 		return v == 1, err
-	}, fmt.Sprintf("%s to be 1", waitingMetric))
-	consistently(t, delay-time.Since(podCreated), "no VolumeAttachment without CSINode", func() error {
+	}, "%s to be 1", waitingMetric)
+	framework.Consistently(t, delay-time.Since(podCreated), func() error {
 		names, err := vasOfNode(ctx, node)
 		switch {
 		case err != nil:
@@ -150,33 +150,33 @@ func TestCSINodeCreatedLater(t *testing.T) {
 		case len(names) != 0:
 			return fmt.Errorf("VolumeAttachments %v created before node %s has a CSINode", names, node)
 		}
-		if v, _, err := ctrl.metric(waitingMetric, nil); err != nil || v != 1 {
+		if v, err := ctrl.metric(waitingMetric, nil); err != nil || v != 1 {
 			return fmt.Errorf("%s = %v (err %v), want 1 while waiting", waitingMetric, v, err)
 		}
 		return nil
-	})
+	}, "no VolumeAttachment without CSINode")
 	if v := ctrl.mustMetric(t, decisionsMetric, map[string]string{"plugin_name": ebsPlugin, "mechanism": "pending"}); v < 1 {
 		t.Errorf("%s{mechanism=\"pending\"} = %v, want >= 1", decisionsMetric, v)
 	}
 
 	createMigratedCSINode(ctx, t, node)
 	created := time.Now()
-	name := vaName(handle, ebsDriver, node)
+	name := framework.VolumeAttachmentName(handle, ebsDriver, node)
 	framework.Eventually(t, 10*time.Second, func() (bool, error) {
 		va, err := getVA(ctx, name)
 		return va != nil, err
-	}, fmt.Sprintf("VolumeAttachment %s after the CSINode was created", name))
+	}, "VolumeAttachment %s after the CSINode was created", name)
 	if latency := time.Since(created); latency >= 2*time.Second {
 		t.Errorf("VolumeAttachment appeared %s after the CSINode was created, want < 2s", latency)
 	} else {
 		t.Logf("VolumeAttachment appeared %s after the CSINode was created", latency)
 	}
 	waitAttachedVA(t, name)
-	waitListed(t, node, csiName(ebsDriver, handle), true)
+	waitListed(t, node, framework.CSIVolumeName(ebsDriver, handle), true)
 	framework.Eventually(t, 10*time.Second, func() (bool, error) {
-		v, _, err := ctrl.metric(waitingMetric, nil)
+		v, err := ctrl.metric(waitingMetric, nil)
 		return v == 0, err
-	}, fmt.Sprintf("%s to be 0 once decided", waitingMetric))
+	}, "%s to be 0 once decided", waitingMetric)
 	if v := ctrl.mustMetric(t, decisionsMetric, map[string]string{"plugin_name": ebsPlugin, "mechanism": "csi"}); v < 1 {
 		t.Errorf("%s{mechanism=\"csi\"} = %v, want >= 1", decisionsMetric, v)
 	}
@@ -198,7 +198,7 @@ func TestCSINodeInfo(t *testing.T) {
 	// driver is not there, which means in-tree.
 	createCSINodeInfo(t, csiNode, true, "csi")
 	createCSINodeInfo(t, inTreeNode, true, "in-tree")
-	startAttacher(t, cluster.Client, ebsDriver)
+	framework.StartAttacher(t, cluster.Client, framework.AttacherOptions{Drivers: []string{ebsDriver}})
 	ctrl := startController(t)
 
 	createBoundPV(t, ns, "csi-claim", ebsSource("vol-info-csi"))
@@ -206,15 +206,15 @@ func TestCSINodeInfo(t *testing.T) {
 	createPod(t, ns, "csi-pod", csiNode, framework.PVCVolumes("csi-claim")...)
 	createPod(t, ns, "intree-pod", inTreeNode, framework.PVCVolumes("intree-claim")...)
 
-	va := waitAttachedVA(t, vaName("vol-info-csi", ebsDriver, csiNode))
+	va := waitAttachedVA(t, framework.VolumeAttachmentName("vol-info-csi", ebsDriver, csiNode))
 	if va.Spec.Attacher != ebsDriver {
 		t.Errorf("spec.attacher = %q, want %q", va.Spec.Attacher, ebsDriver)
 	}
-	waitListed(t, csiNode, csiName(ebsDriver, "vol-info-csi"), true)
+	waitListed(t, csiNode, framework.CSIVolumeName(ebsDriver, "vol-info-csi"), true)
 
 	msg := waitPodEvent(t, ns, "intree-pod", v1.EventTypeWarning, ebsPlugin, inTreeNode, "no attacher")
 	t.Logf("Warning on the in-tree node: %s", msg)
-	consistently(t, 2*time.Second, "in-tree node", func() error {
+	framework.Consistently(t, 2*time.Second, func() error {
 		names, err := vasOfNode(ctx, inTreeNode)
 		if err != nil {
 			return err
@@ -230,7 +230,7 @@ func TestCSINodeInfo(t *testing.T) {
 			return fmt.Errorf("volumesAttached = %v, want none: nothing can attach it", attached)
 		}
 		return nil
-	})
+	}, "nothing attached on the in-tree node")
 	if msg, err := podEvent(ctx, ns, "csi-pod", v1.EventTypeWarning); err != nil || msg != "" {
 		t.Errorf("Warning on the pod of the CSI node: %q (err %v), want none", msg, err)
 	}
@@ -265,13 +265,13 @@ func TestISCSINotMigrated(t *testing.T) {
 
 	want := fmt.Sprintf("kubernetes.io/iscsi/%s:%s:%d", portal, iqn, 0)
 	waitListed(t, node, want, true)
-	consistently(t, time.Second, "no VolumeAttachment for iSCSI", func() error {
+	framework.Consistently(t, time.Second, func() error {
 		names, err := vasOfNode(ctx, node)
 		if err == nil && len(names) != 0 {
 			err = fmt.Errorf("VolumeAttachments %v created for an iSCSI volume", names)
 		}
 		return err
-	})
+	}, "no VolumeAttachment for iSCSI")
 }
 
 // An attached migrated volume stays attached while its node's CSINode is
@@ -286,7 +286,7 @@ func TestAttachedKeptWithoutCSINode(t *testing.T) {
 	ctx := t.Context()
 	createNode(t, node)
 	createMigratedCSINode(ctx, t, node)
-	startAttacher(t, cluster.Client, ebsDriver)
+	framework.StartAttacher(t, cluster.Client, framework.AttacherOptions{Drivers: []string{ebsDriver}})
 	ctrl := startController(t)
 
 	// Two volumes: one mounted (in volumesInUse), one not, so that the
@@ -299,12 +299,12 @@ func TestAttachedKeptWithoutCSINode(t *testing.T) {
 	uids := map[string]types.UID{}
 	var names []string
 	for _, h := range handles {
-		name := vaName(h, ebsDriver, node)
+		name := framework.VolumeAttachmentName(h, ebsDriver, node)
 		uids[name] = waitAttachedVA(t, name).UID
 		names = append(names, name)
-		waitListed(t, node, csiName(ebsDriver, h), true)
+		waitListed(t, node, framework.CSIVolumeName(ebsDriver, h), true)
 	}
-	if err := framework.SetVolumesInUse(ctx, cluster.Client, node, csiName(ebsDriver, handles[0])); err != nil {
+	if err := framework.SetVolumesInUse(ctx, cluster.Client, node, framework.CSIVolumeName(ebsDriver, handles[0])); err != nil {
 		t.Fatal(err)
 	}
 
@@ -322,14 +322,14 @@ func TestAttachedKeptWithoutCSINode(t *testing.T) {
 				return fmt.Errorf("VolumeAttachment %s is being deleted", name)
 			}
 		}
-		return attachedExactly(ctx, node, csiName(ebsDriver, handles[0]), csiName(ebsDriver, handles[1]))
+		return attachedExactly(ctx, node, framework.CSIVolumeName(ebsDriver, handles[0]), framework.CSIVolumeName(ebsDriver, handles[1]))
 	}
 	waitWaiting := func(c *controller, n float64) {
 		t.Helper()
 		framework.Eventually(t, 10*time.Second, func() (bool, error) {
-			v, _, err := c.metric(waitingMetric, nil)
+			v, err := c.metric(waitingMetric, nil)
 			return v == n, err
-		}, fmt.Sprintf("%s to be %v", waitingMetric, n))
+		}, "%s to be %v", waitingMetric, n)
 	}
 
 	if err := cluster.Client.StorageV1().CSINodes().Delete(ctx, node, metav1.DeleteOptions{}); err != nil {
@@ -337,17 +337,17 @@ func TestAttachedKeptWithoutCSINode(t *testing.T) {
 	}
 	// The controller sees the deletion within milliseconds; the window is
 	// what a detach would need many times over.
-	consistently(t, 4*time.Second, "attached without CSINode", stillAttached)
+	framework.Consistently(t, 4*time.Second, stillAttached, "the volumes to stay attached without CSINode")
 	// Both volumes wait for the node to say again how it attaches them.
 	waitWaiting(ctrl, 2)
 
 	ctrl = ctrl.restart(t)
-	consistently(t, 4*time.Second, "attached without CSINode after a restart", stillAttached)
+	framework.Consistently(t, 4*time.Second, stillAttached, "the volumes to stay attached without CSINode after a restart")
 	waitWaiting(ctrl, 2)
 
 	createMigratedCSINode(ctx, t, node)
 	waitWaiting(ctrl, 0)
-	consistently(t, 2*time.Second, "attached once the CSINode is back", stillAttached)
+	framework.Consistently(t, 2*time.Second, stillAttached, "the volumes to stay attached once the CSINode is back")
 	for _, p := range []string{"inuse", "idle"} {
 		if msg, err := podEvent(ctx, ns, "pod", v1.EventTypeWarning, framework.PVName(ns, p)); err != nil || msg != "" {
 			t.Errorf("Warning for volume %s: %q (err %v), want none: it was attached all along", p, msg, err)
@@ -369,31 +369,31 @@ func TestRestartRecoversMigrated(t *testing.T) {
 	ctx := t.Context()
 	createNode(t, node)
 	createMigratedCSINode(ctx, t, node)
-	startAttacher(t, cluster.Client, ebsDriver)
+	framework.StartAttacher(t, cluster.Client, framework.AttacherOptions{Drivers: []string{ebsDriver}})
 	ctrl := startController(t)
 
 	createBoundPV(t, ns, "claim", ebsSource(pvHandle))
 	createPod(t, ns, "pv-pod", node, framework.PVCVolumes("claim")...)
 	createPod(t, ns, "inline-pod", node, inlineEBS("disk", inlineHandle))
 
-	pvVA, inlineVA := vaName(pvHandle, ebsDriver, node), vaName(inlineHandle, ebsDriver, node)
+	pvVA, inlineVA := framework.VolumeAttachmentName(pvHandle, ebsDriver, node), framework.VolumeAttachmentName(inlineHandle, ebsDriver, node)
 	uids := map[string]types.UID{
 		pvVA:     waitAttachedVA(t, pvVA).UID,
 		inlineVA: waitAttachedVA(t, inlineVA).UID,
 	}
-	waitListed(t, node, csiName(ebsDriver, pvHandle), true)
-	waitListed(t, node, csiName(ebsDriver, inlineHandle), true)
+	waitListed(t, node, framework.CSIVolumeName(ebsDriver, pvHandle), true)
+	waitListed(t, node, framework.CSIVolumeName(ebsDriver, inlineHandle), true)
 
 	// Neither volume is in volumesInUse: only knowing that the pods want
 	// them keeps them attached.
 	ctrl = ctrl.restart(t)
 	csiPlugin := map[string]string{"plugin_name": "kubernetes.io/csi:" + ebsDriver}
 	framework.Eventually(t, 10*time.Second, func() (bool, error) {
-		actual, _, err := ctrl.metric(totalVolumes, merge(csiPlugin, "state", "actual_state_of_world"))
+		actual, err := ctrl.metric(totalVolumes, merge(csiPlugin, "state", "actual_state_of_world"))
 		if err != nil {
 			return false, err
 		}
-		desired, _, err := ctrl.metric(totalVolumes, merge(csiPlugin, "state", "desired_state_of_world"))
+		desired, err := ctrl.metric(totalVolumes, merge(csiPlugin, "state", "desired_state_of_world"))
 		return actual >= 2 && desired >= 2, err
 	}, "restarted controller to count both volumes desired and attached")
 	unchanged := func(names ...string) func() error {
@@ -407,10 +407,10 @@ func TestRestartRecoversMigrated(t *testing.T) {
 					return fmt.Errorf("VolumeAttachment %s deleted or recreated: %+v", name, va)
 				}
 			}
-			return attachedExactly(ctx, node, csiName(ebsDriver, pvHandle), csiName(ebsDriver, inlineHandle))
+			return attachedExactly(ctx, node, framework.CSIVolumeName(ebsDriver, pvHandle), framework.CSIVolumeName(ebsDriver, inlineHandle))
 		}
 	}
-	consistently(t, 4*time.Second, "nothing detached after a restart", unchanged(pvVA, inlineVA))
+	framework.Consistently(t, 4*time.Second, unchanged(pvVA, inlineVA), "nothing detached after a restart")
 
 	if err := cluster.Client.CoreV1().Pods(ns).Delete(ctx, "inline-pod", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 		t.Fatal(err)
@@ -418,10 +418,10 @@ func TestRestartRecoversMigrated(t *testing.T) {
 	framework.Eventually(t, 30*time.Second, func() (bool, error) {
 		va, err := getVA(ctx, inlineVA)
 		return va == nil, err
-	}, fmt.Sprintf("VolumeAttachment %s of the deleted inline pod to be deleted", inlineVA))
-	attached := waitListed(t, node, csiName(ebsDriver, inlineHandle), false)
-	if !listed(attached, csiName(ebsDriver, pvHandle)) {
-		t.Errorf("volumesAttached = %v, want %s still listed", attached, csiName(ebsDriver, pvHandle))
+	}, "VolumeAttachment %s of the deleted inline pod to be deleted", inlineVA)
+	attached := waitListed(t, node, framework.CSIVolumeName(ebsDriver, inlineHandle), false)
+	if !listed(attached, framework.CSIVolumeName(ebsDriver, pvHandle)) {
+		t.Errorf("volumesAttached = %v, want %s still listed", attached, framework.CSIVolumeName(ebsDriver, pvHandle))
 	}
 	if va, err := getVA(ctx, pvVA); err != nil || va == nil || va.UID != uids[pvVA] {
 		t.Errorf("VolumeAttachment %s of the remaining pod: %+v (err %v), want it unchanged", pvVA, va, err)

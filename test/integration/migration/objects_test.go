@@ -2,7 +2,6 @@ package migration
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -40,7 +39,11 @@ var (
 // waits until discovery serves it, since the controller asks discovery at
 // start whether to watch CSINodeInfo objects.
 func installCSINodeInfoCRD(ctx context.Context, config *rest.Config) error {
-	data, err := os.ReadFile(filepath.Join("..", "..", "..", "manifests", "crd", "csinodeinfo.yaml"))
+	root, err := framework.ModuleRoot()
+	if err != nil {
+		return err
+	}
+	data, err := os.ReadFile(filepath.Join(root, "manifests", "crd", "csinodeinfo.yaml"))
 	if err != nil {
 		return fmt.Errorf("read CRD manifest: %w", err)
 	}
@@ -189,16 +192,6 @@ func createPod(t *testing.T, ns, name, node string, volumes ...v1.Volume) *v1.Po
 	return pod
 }
 
-// vaName is the VolumeAttachment name the contract fixes, computed here
-// independently of the controller's code.
-func vaName(handle, driver, node string) string {
-	return fmt.Sprintf("csi-%x", sha256.Sum256([]byte(handle+driver+node)))
-}
-
-func csiName(driver, handle string) string {
-	return "kubernetes.io/csi/" + driver + "^" + handle
-}
-
 // getVA returns the VolumeAttachment, or nil when it does not exist.
 func getVA(ctx context.Context, name string) (*storagev1.VolumeAttachment, error) {
 	va, err := cluster.Client.StorageV1().VolumeAttachments().Get(ctx, name, metav1.GetOptions{})
@@ -219,7 +212,7 @@ func waitAttachedVA(t *testing.T, name string) *storagev1.VolumeAttachment {
 		var err error
 		va, err = getVA(t.Context(), name)
 		return va != nil && va.Status.Attached, err
-	}, fmt.Sprintf("VolumeAttachment %s to be attached", name))
+	}, "VolumeAttachment %s to be attached", name)
 	return va
 }
 
@@ -280,7 +273,7 @@ func waitListed(t *testing.T, node, name string, want bool) []v1.AttachedVolume 
 		var err error
 		attached, err = volumesAttached(t.Context(), node)
 		return listed(attached, name) == want, err
-	}, fmt.Sprintf("node %s status.volumesAttached listing %s: %v", node, name, want))
+	}, "node %s status.volumesAttached listing %s: %v", node, name, want)
 	return attached
 }
 
@@ -314,28 +307,6 @@ func waitPodEvent(t *testing.T, ns, pod, eventType string, parts ...string) stri
 		var err error
 		msg, err = podEvent(t.Context(), ns, pod, eventType, parts...)
 		return msg != "", err
-	}, fmt.Sprintf("%s event on pod %s/%s containing %q", eventType, ns, pod, parts))
+	}, "%s event on pod %s/%s containing %q", eventType, ns, pod, parts)
 	return msg
-}
-
-// consistently checks cond every framework.PollInterval for d and fails the
-// test at the first error: it asserts that something does not happen.
-func consistently(t *testing.T, d time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	ticker := time.NewTicker(framework.PollInterval)
-	defer ticker.Stop()
-	for {
-		if err := cond(); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		if !time.Now().Before(deadline) {
-			return
-		}
-		select {
-		case <-t.Context().Done():
-			t.Fatalf("%s: %v", what, t.Context().Err())
-		case <-ticker.C:
-		}
-	}
 }

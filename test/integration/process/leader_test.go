@@ -75,7 +75,7 @@ func TestLeaderLifecycle(t *testing.T) {
 		framework.Eventually(t, 20*time.Second, func() (bool, error) {
 			code, _, err := get(url + path)
 			return err == nil && code == http.StatusOK, nil
-		}, fmt.Sprintf("%s answers 200", path))
+		}, "%s answers 200", path)
 	}
 	wantMetrics := []string{
 		"go_goroutines",                         // Go runtime

@@ -1,10 +1,41 @@
-package stack
+package framework
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"strconv"
 	"strings"
+	"time"
 )
+
+// scrapeTimeout bounds one scrape, so that a hung endpoint fails the poll
+// that scraped it instead of outliving its deadline.
+const scrapeTimeout = 5 * time.Second
+
+// ScrapeMetrics gets url (a /metrics endpoint) and parses the answer.
+func ScrapeMetrics(ctx context.Context, url string) (Metrics, error) {
+	ctx, cancel := context.WithTimeout(ctx, scrapeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	defer func() { _ = resp.Body.Close() }() // read fully below; nothing to lose
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("scrape %s: status %s: %s", url, resp.Status, body)
+	}
+	return ParseMetrics(string(body))
+}
 
 // Sample is one line of the Prometheus text format.
 type Sample struct {
@@ -63,6 +94,7 @@ func ParseMetrics(text string) (Metrics, error) {
 	return out, nil
 }
 
+// parseSample parses one sample line: name{k="v",...} value [timestamp].
 func parseSample(line string) (Sample, error) {
 	s := Sample{Labels: map[string]string{}}
 	end := strings.IndexAny(line, "{ ")

@@ -1,0 +1,251 @@
+// Command adcbench runs the attach/detach benchmark (package
+// test/bench) for this repository's controller and kube-controller-manager,
+// side by side on one etcd and kube-apiserver, and writes the Markdown
+// report to <results>/<date>-<size>.md.
+//
+//	go run ./test/bench/cmd/adcbench -size small
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-attach/attach-detach-controller/test/bench"
+	"github.com/kube-attach/attach-detach-controller/test/framework"
+)
+
+// sizes are the workloads -size selects: nodes x pods per node.
+var sizes = map[string][2]int{
+	"small": {50, 10},
+	"large": {1000, 10},
+}
+
+type flags struct {
+	size, controllers, binDir, results, workDir, goBench string
+	nodes, podsPerNode, burst, rounds                    int
+	qps                                                  float64
+	idle, quiet, maxSettle, minTimeout                   time.Duration
+	timeoutFactor                                        float64
+	keep                                                 bool
+}
+
+func main() {
+	klog.InitFlags(nil)
+	var f flags
+	flag.StringVar(&f.size, "size", "small", "workload: small (50 nodes x 10 pods) or large (1000 x 10)")
+	flag.IntVar(&f.nodes, "nodes", 0, "override the number of nodes of -size")
+	flag.IntVar(&f.podsPerNode, "pods-per-node", 0, "override the pods per node of -size")
+	flag.StringVar(&f.controllers, "controllers", "ours,kcm", "controllers to run, in order: ours, kcm")
+	flag.Float64Var(&f.qps, "qps", 20, "--kube-api-qps of both controllers")
+	flag.IntVar(&f.burst, "burst", 30, "--kube-api-burst of both controllers")
+	flag.DurationVar(&f.idle, "idle", time.Minute, "length of the idle phase")
+	flag.DurationVar(&f.quiet, "quiet", 10*time.Second, "after each phase and churn round, wait until the controller has made no API request for this long...")
+	flag.DurationVar(&f.maxSettle, "max-settle", 10*time.Minute, "...but at most this long")
+	flag.IntVar(&f.rounds, "churn-rounds", 3, "churn rounds")
+	flag.Float64Var(&f.timeoutFactor, "timeout-factor", 6, "a phase fails after this many times its API floor...")
+	flag.DurationVar(&f.minTimeout, "min-timeout", 5*time.Minute, "...or after this, whichever is longer")
+	flag.StringVar(&f.binDir, "bin-dir", "", "directory of etcd, kube-apiserver, kube-controller-manager and attach-detach-controller (default: _output/bin)")
+	flag.StringVar(&f.results, "results", "bench/results", "directory of the report")
+	flag.StringVar(&f.workDir, "work-dir", "", "directory of logs, audit log and metrics (default: _output/bench/<time>-<size>)")
+	flag.StringVar(&f.goBench, "go-bench", "", "file with `go test -bench` output to include in the report")
+	flag.BoolVar(&f.keep, "keep", true, "keep the work directory (audit log, controller logs)")
+	flag.Parse()
+	if err := run(f); err != nil {
+		fmt.Fprintln(os.Stderr, "adcbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(f flags) error {
+	size, ok := sizes[f.size]
+	if !ok {
+		return fmt.Errorf("-size must be small or large, got %q", f.size)
+	}
+	if f.nodes > 0 {
+		size[0] = f.nodes
+	}
+	if f.podsPerNode > 0 {
+		size[1] = f.podsPerNode
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	if f.binDir == "" {
+		f.binDir = filepath.Join(root, "_output", "bin")
+	}
+	now := time.Now()
+	if f.workDir == "" {
+		f.workDir = filepath.Join(root, "_output", "bench", now.Format("20060102-150405")+"-"+f.size)
+	}
+	if err := os.MkdirAll(f.workDir, 0o755); err != nil {
+		return fmt.Errorf("create work directory: %w", err)
+	}
+	if !f.keep {
+		defer os.RemoveAll(f.workDir)
+	}
+	var ctrls []bench.Controller
+	for _, name := range strings.Split(f.controllers, ",") {
+		switch strings.TrimSpace(name) {
+		case "ours":
+			ctrls = append(ctrls, bench.Ours(filepath.Join(f.binDir, "attach-detach-controller")))
+		case "kcm":
+			ctrls = append(ctrls, bench.KCM(filepath.Join(f.binDir, "kube-controller-manager")))
+		default:
+			return fmt.Errorf("-controllers: unknown controller %q (ours, kcm)", name)
+		}
+	}
+	for _, c := range ctrls {
+		if _, err := os.Stat(c.Binary); err != nil {
+			return fmt.Errorf("%s binary: %w (make build; hack/build-tools.sh kube-controller-manager)", c.Name, err)
+		}
+	}
+	cfg := bench.Config{
+		Size: f.size, Nodes: size[0], PodsPerNode: size[1],
+		QPS: float32(f.qps), Burst: f.burst, ChurnRounds: f.rounds,
+		Idle: f.idle, Quiet: f.quiet, MaxSettle: f.maxSettle,
+		TimeoutFactor: f.timeoutFactor, MinTimeout: f.minTimeout,
+		Driver: "bench.csi.example.com", WorkDir: f.workDir,
+	}
+	meta := collectMeta(root, f.binDir, now)
+	if f.goBench != "" {
+		out, err := os.ReadFile(f.goBench)
+		if err != nil {
+			return fmt.Errorf("-go-bench: %w", err)
+		}
+		meta.GoBench = string(out)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	logger := klog.Background()
+	ctx = klog.NewContext(ctx, logger)
+	results, err := runAll(ctx, cfg, ctrls)
+	if err != nil {
+		return err
+	}
+	meta.Notes = notes(cfg, ctrls)
+	meta.Machine = append(meta.Machine, "load average at end: "+loadAvg())
+	dir := f.results
+	if !filepath.IsAbs(dir) {
+		dir = filepath.Join(root, dir)
+	}
+	path := filepath.Join(dir, now.Format("2006-01-02")+"-"+f.size+".md")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("create results directory: %w", err)
+	}
+	out, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("create report: %w", err)
+	}
+	if err := bench.WriteReport(out, cfg, meta, results); err != nil {
+		out.Close()
+		return fmt.Errorf("write report: %w", err)
+	}
+	if err := out.Close(); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	logger.Info("Report written", "path", path, "workDir", f.workDir)
+	if err := bench.WriteReport(os.Stdout, cfg, meta, results); err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range results {
+		if r.Err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", r.Controller.Name, r.Err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// runAll starts the cluster, the test attacher and the observer, runs each
+// controller in turn, and stops everything.
+func runAll(ctx context.Context, cfg bench.Config, ctrls []bench.Controller) ([]*bench.Result, error) {
+	logger := klog.FromContext(ctx)
+	names := make([]string, 0, len(ctrls))
+	for _, c := range ctrls {
+		names = append(names, c.Name)
+	}
+	cluster, auditLog, err := bench.StartCluster(logger, cfg.WorkDir, names)
+	if err != nil {
+		return nil, err
+	}
+	defer cluster.Stop()
+	client := func(agent string) (kubernetes.Interface, error) {
+		c := rest.CopyConfig(cluster.Config)
+		c.UserAgent = agent
+		c.QPS = -1
+		return kubernetes.NewForConfig(c)
+	}
+	setup, err := client("adcbench-setup")
+	if err != nil {
+		return nil, err
+	}
+	attacherClient, err := client("adcbench-attacher")
+	if err != nil {
+		return nil, err
+	}
+	observerClient, err := client("adcbench-observer")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := framework.CreateCSIDriver(ctx, setup, cfg.Driver, new(true)); err != nil {
+		return nil, err
+	}
+	hctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	attacher, err := bench.StartAttacher(hctx, attacherClient, cfg.Driver)
+	if err != nil {
+		return nil, err
+	}
+	defer attacher.Wait()
+	defer cancel()
+	observer, err := bench.StartObserver(hctx, observerClient)
+	if err != nil {
+		return nil, err
+	}
+	defer observer.Stop()
+	defer cancel()
+
+	env := &bench.Env{Cluster: cluster, Client: setup, Observer: observer, AuditLog: auditLog, Config: cfg}
+	var results []*bench.Result
+	for _, c := range ctrls {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("interrupted: %w", err)
+		}
+		logger.Info("Benchmarking", "controller", c.Title)
+		results = append(results, bench.Run(hctx, env, c))
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("interrupted: %w", err)
+	}
+	return results, nil
+}
+
+// moduleRoot is the nearest directory above the working directory with a go.mod.
+func moduleRoot() (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("find module root: %w", err)
+	}
+	for dir := wd; ; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		if filepath.Dir(dir) == dir {
+			return "", fmt.Errorf("find module root: no go.mod above %s", wd)
+		}
+	}
+}

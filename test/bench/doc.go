@@ -1,0 +1,33 @@
+// Package bench measures the attach/detach controller side by side with
+// kube-controller-manager's attachdetach controller, on one real etcd and
+// kube-apiserver, in one run.
+//
+// Each controller gets, in turn, a fresh namespace and node set (the previous
+// controller's objects are deleted before it starts, so neither caches the
+// other's), the same --kube-api-qps / --kube-api-burst, and its own service
+// account, so that the apiserver's audit log (Metadata level, for those two
+// users only) counts every API request each controller makes the same way:
+// kube-controller-manager runs with --secure-port=0 and serves no metrics.
+// A test external-attacher inside the harness, with an unthrottled client,
+// marks VolumeAttachments attached (finalizer, then status) and lets deleted
+// ones go (finalizer removed); no kubelet runs, so nothing is ever in
+// node.status.volumesInUse and every detach is safe at once.
+//
+// Phases, each bounded in time:
+//
+//   - burst: N nodes x M pods, each pod with its own bound ReadWriteOnce CSI
+//     PV, created at once; until every VolumeAttachment exists, and until
+//     every node.status.volumesAttached lists exactly its volumes.
+//   - idle: everything attached, nothing changes; CPU time (utime+stime from
+//     /proc/PID/stat) and memory (VmRSS, VmHWM from /proc/PID/status).
+//   - churn: per round, one pod per node (1/M of the pods) is deleted and
+//     replaced by a pod using the same claim on the next node, as a
+//     rescheduled StatefulSet pod: the old attachment must be detached
+//     before the new one (ReadWriteOnce) can be attached.
+//   - teardown: every pod deleted; until every VolumeAttachment is gone.
+//
+// The floor of a phase is the time the API budget alone imposes: a client
+// limited to QPS requests per second with a burst of B sends W requests in
+// at least (W - B) / QPS seconds. W counts only the writes the phase cannot
+// do without (see floors.go).
+package bench

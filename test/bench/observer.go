@@ -1,0 +1,189 @@
+package bench
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
+)
+
+// csiPlugin starts the unique name of every CSI volume in node.status.
+const csiPlugin = "kubernetes.io/csi/"
+
+// pollInterval is the resolution of every time the harness measures.
+const pollInterval = 100 * time.Millisecond
+
+// Expectation is the state a controller must reach: which VolumeAttachments
+// exist on a node set (no others), and what each node's
+// status.volumesAttached lists (of the benchmark's driver).
+type Expectation struct {
+	driver     string
+	namePrefix string
+	nodes      map[string]map[v1.UniqueVolumeName]bool
+	vas        map[string]bool
+}
+
+func newExpectation(driver string) *Expectation {
+	return &Expectation{
+		driver:     driver,
+		namePrefix: csiPlugin + driver + "^",
+		nodes:      map[string]map[v1.UniqueVolumeName]bool{},
+		vas:        map[string]bool{},
+	}
+}
+
+func (e *Expectation) addNode(node string) { e.nodes[node] = map[v1.UniqueVolumeName]bool{} }
+
+func (e *Expectation) addVolume(handle, node string) {
+	e.nodes[node][v1.UniqueVolumeName(e.namePrefix+handle)] = true
+	// The name both controllers give it (ADC_CONTRACT.md), computed here
+	// rather than taken from the code under test.
+	e.vas[fmt.Sprintf("csi-%x", sha256.Sum256([]byte(handle+e.driver+node)))] = true
+}
+
+// Volumes is the number of attachments expected.
+func (e *Expectation) Volumes() int { return len(e.vas) }
+
+// Snapshot is how far the cluster is from an Expectation.
+type Snapshot struct {
+	Expected int // VolumeAttachments expected
+	Exist    int // of those, existing
+	Attached int // of those, attached
+	Extra    int // VolumeAttachments on the node set not expected
+	Nodes    int // nodes in the set
+	Exact    int // of those, whose status lists exactly the expected volumes
+	Reported int // expected volumes listed in their node's status
+}
+
+// AllExist: every expected VolumeAttachment exists.
+func (s Snapshot) AllExist() bool { return s.Exist == s.Expected }
+
+// StatusExact: every node's status lists exactly its expected volumes.
+func (s Snapshot) StatusExact() bool { return s.Exact == s.Nodes }
+
+// NoExtra: no VolumeAttachment other than the expected ones is left.
+func (s Snapshot) NoExtra() bool { return s.Extra == 0 }
+
+// Converged: all of the above, and every expected volume attached.
+func (s Snapshot) Converged() bool {
+	return s.AllExist() && s.Attached == s.Expected && s.NoExtra() && s.StatusExact()
+}
+
+func (s Snapshot) String() string {
+	return fmt.Sprintf("%d/%d VolumeAttachments exist, %d attached, %d not expected left; %d/%d volumes in node status, %d/%d nodes exact",
+		s.Exist, s.Expected, s.Attached, s.Extra, s.Reported, s.Expected, s.Exact, s.Nodes)
+}
+
+// Observer watches VolumeAttachments and Nodes with the harness's own
+// client and compares them with Expectations.
+type Observer struct {
+	factory informers.SharedInformerFactory
+	vas     storagelisters.VolumeAttachmentLister
+	nodes   corelisters.NodeLister
+}
+
+// StartObserver starts the informers and waits for their caches.
+func StartObserver(ctx context.Context, client kubernetes.Interface) (*Observer, error) {
+	f := informers.NewSharedInformerFactory(client, 0)
+	o := &Observer{factory: f, vas: f.Storage().V1().VolumeAttachments().Lister(), nodes: f.Core().V1().Nodes().Lister()}
+	f.Start(ctx.Done())
+	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return nil, fmt.Errorf("observer: %v cache not synced: %w", typ, ctx.Err())
+		}
+	}
+	return o, nil
+}
+
+// Stop stops the informers; ctx given to StartObserver must be cancelled first.
+func (o *Observer) Stop() { o.factory.Shutdown() }
+
+// Snapshot compares the cluster with e.
+func (o *Observer) Snapshot(e *Expectation) Snapshot {
+	s := Snapshot{Expected: len(e.vas), Nodes: len(e.nodes)}
+	vas, _ := o.vas.List(labels.Everything())
+	for _, va := range vas {
+		if _, ours := e.nodes[va.Spec.NodeName]; !ours {
+			continue
+		}
+		if !e.vas[va.Name] {
+			s.Extra++
+			continue
+		}
+		s.Exist++
+		if va.Status.Attached {
+			s.Attached++
+		}
+	}
+	for name, want := range e.nodes {
+		node, err := o.nodes.Get(name)
+		if err != nil {
+			continue
+		}
+		listed, hits := 0, 0
+		for _, av := range node.Status.VolumesAttached {
+			if !strings.HasPrefix(string(av.Name), e.namePrefix) {
+				continue
+			}
+			listed++
+			if want[av.Name] {
+				hits++
+			}
+		}
+		s.Reported += hits
+		if listed == len(want) && hits == len(want) {
+			s.Exact++
+		}
+	}
+	return s
+}
+
+// Milestone is a condition whose first time true is measured.
+type Milestone struct {
+	Name string
+	Done func(Snapshot) bool
+}
+
+// Await polls until every milestone is reached, and returns when each was
+// first reached, relative to start. On timeout it returns the times of those
+// reached and an error saying how far the cluster got.
+func (o *Observer) Await(ctx context.Context, e *Expectation, start time.Time, timeout time.Duration, milestones ...Milestone) (map[string]time.Duration, error) {
+	reached := map[string]time.Duration{}
+	deadline := start.Add(timeout)
+	ticker := time.NewTicker(pollInterval)
+	defer ticker.Stop()
+	for {
+		s := o.Snapshot(e)
+		now := time.Now()
+		for _, m := range milestones {
+			if _, ok := reached[m.Name]; !ok && m.Done(s) {
+				reached[m.Name] = now.Sub(start)
+			}
+		}
+		if len(reached) == len(milestones) {
+			return reached, nil
+		}
+		if now.After(deadline) {
+			var missing []string
+			for _, m := range milestones {
+				if _, ok := reached[m.Name]; !ok {
+					missing = append(missing, m.Name)
+				}
+			}
+			return reached, fmt.Errorf("not reached after %s: %s; %s", timeout, strings.Join(missing, ", "), s)
+		}
+		select {
+		case <-ctx.Done():
+			return reached, fmt.Errorf("interrupted: %w; %s", context.Cause(ctx), s)
+		case <-ticker.C:
+		}
+	}
+}

@@ -1,0 +1,284 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Meta describes the run for the report.
+type Meta struct {
+	Date     time.Time
+	Command  string
+	Machine  []string // "cores: 2", ...
+	Versions []string
+	Notes    []string
+	// GoBench is the output of the Go benchmarks, if they ran.
+	GoBench string
+}
+
+// WriteReport writes the Markdown report of results (the first two are
+// compared: ratio = first / second).
+func WriteReport(out io.Writer, cfg Config, meta Meta, results []*Result) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Attach/detach benchmark, size %s (%s)\n\n", cfg.Size, meta.Date.Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(&b, "%d nodes x %d pods = %d volumes (bound ReadWriteOnce CSI PVs), `--kube-api-qps=%g --kube-api-burst=%d` for both controllers, idle %s, %d churn rounds of %d pods.\n\n",
+		cfg.Nodes, cfg.PodsPerNode, cfg.Nodes*cfg.PodsPerNode, cfg.QPS, cfg.Burst, cfg.Idle, cfg.ChurnRounds, cfg.Nodes)
+	b.WriteString("Command: `" + meta.Command + "`\n\n")
+	b.WriteString("Machine: " + strings.Join(meta.Machine, "; ") + "\n\n")
+	b.WriteString("Versions: " + strings.Join(meta.Versions, "; ") + "\n\n")
+
+	writeSummary(&b, cfg, results)
+	writeRequests(&b, results)
+	for _, r := range results {
+		if r.Err != nil {
+			fmt.Fprintf(&b, "**%s failed**: %s\n\n", r.Controller.Title, r.Err)
+		}
+	}
+	b.WriteString("## Method\n\n")
+	for _, n := range meta.Notes {
+		b.WriteString("- " + n + "\n")
+	}
+	b.WriteString("\n")
+	if meta.GoBench != "" {
+		b.WriteString("## Go benchmarks (caches and per-key decision, 100,000 volumes)\n\n```\n")
+		b.WriteString(strings.TrimSpace(meta.GoBench))
+		b.WriteString("\n```\n")
+	}
+	_, err := io.WriteString(out, b.String())
+	return err
+}
+
+// row is one line of the summary: a value per controller, and a floor.
+type row struct {
+	label    string
+	value    func(r *Result) (float64, bool)
+	floor    time.Duration
+	hasFloor bool
+	unit     string // "s", "MiB", "" (count)
+	// totalOf, when set, adds the phase's total request count in brackets.
+	totalOf string
+}
+
+func writeSummary(b *strings.Builder, cfg Config, results []*Result) {
+	f := cfg.Floors()
+	v, n := cfg.Nodes*cfg.PodsPerNode, cfg.Nodes
+	rounds := time.Duration(cfg.ChurnRounds)
+	rows := []row{
+		{label: "burst: every VolumeAttachment exists", value: phaseTime(PhaseBurst, MExist), floor: f.BurstCreates(v), hasFloor: true, unit: "s"},
+		{label: "burst: every VolumeAttachment attached", value: phaseTime(PhaseBurst, MAttached), floor: f.BurstCreates(v), hasFloor: true, unit: "s"},
+		{label: "burst: every volume in node.status.volumesAttached", value: phaseTime(PhaseBurst, MStatus), floor: f.BurstStatus(v, n), hasFloor: true, unit: "s"},
+		{label: "burst: last API request, events included", value: lastRequest(PhaseBurst), unit: "s"},
+		{label: "burst: API writes, events excluded (all requests)", value: writes(PhaseBurst), totalOf: PhaseBurst},
+		{label: "burst: CPU seconds", value: cpu(PhaseBurst), unit: "s"},
+		{label: fmt.Sprintf("idle %s: CPU seconds", cfg.Idle), value: cpu(PhaseIdle), unit: "s"},
+		{label: "idle: RSS at end (VmRSS)", value: rss(PhaseIdle, false), unit: "MiB"},
+		{label: "peak RSS of the run (VmHWM)", value: rss(PhaseTeardown, true), unit: "MiB"},
+		{label: "idle: API requests", value: total(PhaseIdle)},
+		{label: fmt.Sprintf("churn: %d rounds converged (sum)", cfg.ChurnRounds), value: phaseTime(PhaseChurn, MDone), floor: rounds * f.ChurnRound(n, n), hasFloor: true, unit: "s"},
+		{label: "churn: slowest round", value: slowestRound, floor: f.ChurnRound(n, n), hasFloor: true, unit: "s"},
+		{label: "churn: last API request, events included (sum)", value: lastRequest(PhaseChurn), unit: "s"},
+		{label: "churn: API writes, events excluded (all requests)", value: writes(PhaseChurn), totalOf: PhaseChurn},
+		{label: "churn: CPU seconds", value: cpu(PhaseChurn), unit: "s"},
+		{label: "teardown: every VolumeAttachment gone", value: phaseTime(PhaseTeardown, MGone), floor: f.Teardown(v, n), hasFloor: true, unit: "s"},
+		{label: "teardown: node statuses empty", value: phaseTime(PhaseTeardown, MStatus), unit: "s"},
+		{label: "teardown: last API request, events included", value: lastRequest(PhaseTeardown), unit: "s"},
+		{label: "teardown: API writes, events excluded (all requests)", value: writes(PhaseTeardown), totalOf: PhaseTeardown},
+		{label: "teardown: CPU seconds", value: cpu(PhaseTeardown), unit: "s"},
+		{label: "startup: canary attached and detached", value: phaseTime(PhaseStartup, MDone), unit: "s"},
+	}
+	b.WriteString("| metric |")
+	for _, r := range results {
+		b.WriteString(" " + r.Controller.Title + " |")
+	}
+	compare := len(results) >= 2
+	if compare {
+		fmt.Fprintf(b, " ratio %s/%s |", results[0].Controller.Name, results[1].Controller.Name)
+	}
+	fmt.Fprintf(b, " API floor | %s/floor |\n|---|", results[0].Controller.Name)
+	for range results {
+		b.WriteString("---:|")
+	}
+	if compare {
+		b.WriteString("---:|")
+	}
+	b.WriteString("---:|---:|\n")
+	for _, rw := range rows {
+		b.WriteString("| " + rw.label + " |")
+		vals := make([]float64, len(results))
+		oks := make([]bool, len(results))
+		for i, r := range results {
+			vals[i], oks[i] = rw.value(r)
+			b.WriteString(" " + cell(rw, r, vals[i], oks[i]) + " |")
+		}
+		if compare {
+			b.WriteString(" " + ratio(vals[0], oks[0], vals[1], oks[1]) + " |")
+		}
+		if rw.hasFloor {
+			fmt.Fprintf(b, " %.1f | %s |\n", rw.floor.Seconds(), ratio(vals[0], oks[0], rw.floor.Seconds(), true))
+		} else {
+			b.WriteString(" | |\n")
+		}
+	}
+	b.WriteString("\n")
+}
+
+func cell(rw row, r *Result, v float64, ok bool) string {
+	if !ok {
+		return "—"
+	}
+	switch rw.unit {
+	case "s":
+		return fmt.Sprintf("%.1f", v)
+	case "MiB":
+		return fmt.Sprintf("%.0f MiB", v)
+	}
+	if rw.totalOf != "" {
+		return fmt.Sprintf("%.0f (%d)", v, r.Requests.Total(rw.totalOf))
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func ratio(a float64, aok bool, b float64, bok bool) string {
+	if !aok || !bok || b == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f", a/b)
+}
+
+func phaseOK(r *Result, phase string) (*PhaseResult, bool) {
+	p := r.Phases[phase]
+	return p, p != nil && p.Err == nil
+}
+
+func phaseTime(phase, milestone string) func(*Result) (float64, bool) {
+	return func(r *Result) (float64, bool) {
+		p, ok := phaseOK(r, phase)
+		if !ok {
+			return 0, false
+		}
+		t, ok := p.Times[milestone]
+		return t.Seconds(), ok
+	}
+}
+
+func lastRequest(phase string) func(*Result) (float64, bool) {
+	return func(r *Result) (float64, bool) {
+		p, ok := phaseOK(r, phase)
+		if !ok {
+			return 0, false
+		}
+		return p.LastRequest.Seconds(), true
+	}
+}
+
+func slowestRound(r *Result) (float64, bool) {
+	p, ok := phaseOK(r, PhaseChurn)
+	if !ok || len(p.Rounds) == 0 {
+		return 0, false
+	}
+	return slices.Max(p.Rounds).Seconds(), true
+}
+
+func cpu(phase string) func(*Result) (float64, bool) {
+	return func(r *Result) (float64, bool) {
+		p, ok := phaseOK(r, phase)
+		if !ok {
+			return 0, false
+		}
+		return p.CPUSeconds(), true
+	}
+}
+
+func rss(phase string, peak bool) func(*Result) (float64, bool) {
+	return func(r *Result) (float64, bool) {
+		p, ok := phaseOK(r, phase)
+		if !ok {
+			return 0, false
+		}
+		if peak {
+			return float64(p.After.HWMKiB) / 1024, true
+		}
+		return float64(p.After.RSSKiB) / 1024, true
+	}
+}
+
+func total(phase string) func(*Result) (float64, bool) {
+	return func(r *Result) (float64, bool) {
+		if _, ok := phaseOK(r, phase); !ok || r.Requests == nil {
+			return 0, false
+		}
+		return float64(r.Requests.Total(phase)), true
+	}
+}
+
+func writes(phase string) func(*Result) (float64, bool) {
+	return func(r *Result) (float64, bool) {
+		if _, ok := phaseOK(r, phase); !ok || r.Requests == nil {
+			return 0, false
+		}
+		return float64(r.Requests.Writes(phase, false)), true
+	}
+}
+
+// writeRequests writes every request kind per phase and controller.
+func writeRequests(b *strings.Builder, results []*Result) {
+	kinds := map[string]bool{}
+	for _, r := range results {
+		for _, byKind := range r.Requests {
+			for k := range byKind {
+				kinds[k] = true
+			}
+		}
+	}
+	if len(kinds) == 0 {
+		return
+	}
+	sorted := make([]string, 0, len(kinds))
+	for k := range kinds {
+		sorted = append(sorted, k)
+	}
+	slices.SortFunc(sorted, func(a, b string) int {
+		va, ra, _ := strings.Cut(a, " ")
+		vb, rb, _ := strings.Cut(b, " ")
+		if c := strings.Compare(ra, rb); c != 0 {
+			return c
+		}
+		return strings.Compare(va, vb)
+	})
+	b.WriteString("### API requests by phase (from the apiserver's audit log)\n\n| request |")
+	for _, ph := range Phases {
+		for _, r := range results {
+			fmt.Fprintf(b, " %s %s |", ph, r.Controller.Name)
+		}
+	}
+	b.WriteString("\n|---|")
+	for range Phases {
+		for range results {
+			b.WriteString("---:|")
+		}
+	}
+	b.WriteString("\n")
+	for _, k := range sorted {
+		b.WriteString("| " + k + " |")
+		for _, ph := range Phases {
+			for _, r := range results {
+				if n := r.Requests[ph][k]; n > 0 {
+					fmt.Fprintf(b, " %d |", n)
+				} else {
+					b.WriteString(" |")
+				}
+			}
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("| **total** |")
+	for _, ph := range Phases {
+		for _, r := range results {
+			fmt.Fprintf(b, " **%d** |", r.Requests.Total(ph))
+		}
+	}
+	b.WriteString("\n\n")
+}

@@ -1,0 +1,429 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-attach/attach-detach-controller/test/framework"
+)
+
+// Phase names, in order.
+const (
+	PhaseStartup  = "startup"
+	PhaseBurst    = "burst"
+	PhaseIdle     = "idle"
+	PhaseChurn    = "churn"
+	PhaseTeardown = "teardown"
+)
+
+// Phases lists the phases in order.
+var Phases = []string{PhaseStartup, PhaseBurst, PhaseIdle, PhaseChurn, PhaseTeardown}
+
+// Milestones measured.
+const (
+	MExist    = "exist"    // every expected VolumeAttachment exists
+	MAttached = "attached" // and is attached
+	MStatus   = "status"   // node statuses list exactly the expected volumes
+	MGone     = "gone"     // no VolumeAttachment left that is not expected
+	MDone     = "done"     // all of them
+)
+
+var (
+	milestoneExist    = Milestone{MExist, Snapshot.AllExist}
+	milestoneAttached = Milestone{MAttached, func(s Snapshot) bool { return s.Attached == s.Expected }}
+	milestoneStatus   = Milestone{MStatus, Snapshot.StatusExact}
+	milestoneGone     = Milestone{MGone, Snapshot.NoExtra}
+	milestoneDone     = Milestone{MDone, Snapshot.Converged}
+)
+
+// Config is one benchmark run.
+type Config struct {
+	Size        string
+	Nodes       int
+	PodsPerNode int
+	QPS         float32
+	Burst       int
+	ChurnRounds int
+	// Idle is the length of the idle phase.
+	Idle time.Duration
+	// After each phase (and churn round) the harness waits until the
+	// controller has made no API request for Quiet, at most MaxSettle: the
+	// trailing work (events) counts for the phase, not for the next one,
+	// and the token bucket is full again.
+	Quiet, MaxSettle time.Duration
+	// A phase times out after TimeoutFactor x its floor, at least MinTimeout.
+	TimeoutFactor float64
+	MinTimeout    time.Duration
+	Driver        string
+	// WorkDir keeps the logs, the audit log and the metrics of the run.
+	WorkDir string
+}
+
+// Floors of the run's API budget.
+func (c Config) Floors() Floors { return Floors{QPS: float64(c.QPS), Burst: c.Burst} }
+
+func (c Config) timeout(floor time.Duration) time.Duration {
+	return max(c.MinTimeout, time.Duration(c.TimeoutFactor*float64(floor)))
+}
+
+// Env is what every controller's run shares.
+type Env struct {
+	Cluster  *framework.Cluster
+	Client   kubernetes.Interface // unthrottled, for setup and load
+	Observer *Observer
+	AuditLog string
+	Config   Config
+}
+
+// PhaseResult is what one phase measured.
+type PhaseResult struct {
+	Start, End time.Time
+	// Times are the milestones reached, from the start of the phase; for
+	// churn, summed over the rounds.
+	Times map[string]time.Duration
+	// Rounds are the churn rounds' times to converge.
+	Rounds []time.Duration
+	// LastRequest is when the controller's last request of the phase
+	// (events included) was seen, from the start of the phase; for churn,
+	// summed over the rounds.
+	LastRequest   time.Duration
+	Before, After ProcStats
+	Err           error
+}
+
+// CPUSeconds is the CPU time the controller used during the phase.
+func (p *PhaseResult) CPUSeconds() float64 { return CPUSeconds(p.After.CPUTicks - p.Before.CPUTicks) }
+
+// Result is one controller's run.
+type Result struct {
+	Controller Controller
+	Phases     map[string]*PhaseResult
+	Requests   Requests
+	// Err is the first failure; the phases after it did not run.
+	Err     error
+	LogPath string
+}
+
+// Run runs every phase for one controller on a fresh workload, then
+// removes the workload. It never returns with the controller running.
+func Run(ctx context.Context, env *Env, ctrl Controller) *Result {
+	logger := klog.FromContext(ctx).WithValues("controller", ctrl.Name)
+	ctx = klog.NewContext(ctx, logger)
+	cfg := env.Config
+	res := &Result{Controller: ctrl, Phases: map[string]*PhaseResult{}}
+	w := NewWorkload(ctrl.Name, cfg.Driver, cfg.Nodes, cfg.PodsPerNode)
+
+	started := time.Now()
+	logger.Info("Creating nodes and bound volumes", "nodes", w.Nodes, "volumes", w.Volumes())
+	if err := w.Setup(ctx, env.Client); err != nil {
+		res.Err = fmt.Errorf("setup: %w", err)
+		cleanup(ctx, env, w)
+		return res
+	}
+	logger.Info("Setup done", "duration", time.Since(started).Round(time.Millisecond))
+	id, err := NewIdentity(ctx, env.Cluster, cfg.WorkDir, ctrl.Name)
+	if err != nil {
+		res.Err = err
+		cleanup(ctx, env, w)
+		return res
+	}
+	args, metricsURL, err := ctrl.Args(id.Kubeconfig, cfg.QPS, cfg.Burst)
+	if err != nil {
+		res.Err = err
+		cleanup(ctx, env, w)
+		return res
+	}
+	res.LogPath = filepath.Join(cfg.WorkDir, ctrl.Name+".log")
+	proc, err := StartProc(ctrl.Name, ctrl.Binary, res.LogPath, args...)
+	if err != nil {
+		res.Err = err
+		cleanup(ctx, env, w)
+		return res
+	}
+	procStart := time.Now()
+	logger.Info("Controller started", "pid", proc.Pid(), "log", res.LogPath)
+
+	// A crash of the controller ends the phase under way at once.
+	runCtx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case <-proc.Done():
+			cancel(fmt.Errorf("%s exited: %w (log: %s)", ctrl.Name, proc.ExitError(), res.LogPath))
+		case <-runCtx.Done():
+		}
+	}()
+	r := &runner{env: env, cfg: cfg, w: w, proc: proc, res: res, metricsURL: metricsURL, logger: logger}
+	r.phases(runCtx)
+	end := time.Now()
+	cancel(nil)
+	proc.Stop()
+
+	windows := []Window{}
+	for _, name := range Phases {
+		if p := res.Phases[name]; p != nil {
+			windows = append(windows, Window{Name: name, Start: p.Start, End: p.End})
+		}
+	}
+	if len(windows) > 0 {
+		windows[0].Start = procStart
+		windows[len(windows)-1].End = end
+	}
+	// The audit log is written before each response: every request is in.
+	if res.Requests, err = CountRequests(env.AuditLog, id.User, windows); err != nil && res.Err == nil {
+		res.Err = err
+	}
+	cleanup(ctx, env, w)
+	return res
+}
+
+// runner runs the phases of one controller.
+type runner struct {
+	env        *Env
+	cfg        Config
+	w          *Workload
+	proc       *Proc
+	res        *Result
+	metricsURL string
+	logger     klog.Logger
+}
+
+func (r *runner) phases(ctx context.Context) {
+	steps := []struct {
+		name string
+		run  func(context.Context, *PhaseResult) error
+	}{
+		{PhaseStartup, r.startup},
+		{PhaseBurst, r.burst},
+		{PhaseIdle, r.idle},
+		{PhaseChurn, r.churn},
+		{PhaseTeardown, r.teardown},
+	}
+	var prev *PhaseResult
+	for _, s := range steps {
+		p := &PhaseResult{Times: map[string]time.Duration{}}
+		r.res.Phases[s.name] = p
+		p.Start = time.Now()
+		if prev != nil {
+			// Windows are contiguous: a request made while settling counts
+			// for the phase before.
+			prev.End = p.Start
+		}
+		var err error
+		if p.Before, err = r.proc.Stats(); err == nil {
+			r.logger.Info("Phase", "phase", s.name)
+			err = s.run(ctx, p)
+		}
+		if st, serr := r.proc.Stats(); serr == nil {
+			p.After = st
+		} else {
+			err = errors.Join(err, serr)
+		}
+		p.End = time.Now()
+		r.saveMetrics(ctx, s.name)
+		if err != nil {
+			p.Err = fmt.Errorf("%s: %w", s.name, err)
+			r.res.Err = p.Err
+			r.logger.Error(err, "Phase failed", "phase", s.name)
+			return
+		}
+		r.logger.Info("Phase done", "phase", s.name, "times", p.Times, "cpuSeconds", p.CPUSeconds(), "rssMiB", p.After.RSSKiB/1024)
+		prev = p
+	}
+}
+
+// startup waits until the controller has attached and detached the canary
+// volume: its caches are synced and it acts.
+func (r *runner) startup(ctx context.Context, p *PhaseResult) error {
+	const timeout = 3 * time.Minute
+	if err := r.w.CreateCanary(ctx, r.env.Client); err != nil {
+		return err
+	}
+	if _, err := r.env.Observer.Await(ctx, r.w.CanaryExpect(true), p.Start, timeout, milestoneDone); err != nil {
+		return fmt.Errorf("canary volume not attached: %w", err)
+	}
+	if err := r.w.DeleteCanary(ctx, r.env.Client); err != nil {
+		return err
+	}
+	t, err := r.env.Observer.Await(ctx, r.w.CanaryExpect(false), p.Start, timeout, milestoneDone)
+	if err != nil {
+		return fmt.Errorf("canary volume not detached: %w", err)
+	}
+	p.Times[MDone] = t[MDone]
+	_, err = r.settle(ctx, p.Start)
+	return err
+}
+
+func (r *runner) burst(ctx context.Context, p *PhaseResult) error {
+	f := r.cfg.Floors()
+	exp := r.w.Expect(r.w.All())
+	if err := r.w.CreatePods(ctx, r.env.Client, r.w.All()); err != nil {
+		return err
+	}
+	r.logger.Info("Pods created", "pods", r.w.Volumes(), "after", time.Since(p.Start).Round(time.Millisecond))
+	t, err := r.env.Observer.Await(ctx, exp, p.Start, r.cfg.timeout(f.BurstStatus(r.w.Volumes(), r.w.Nodes)),
+		milestoneExist, milestoneAttached, milestoneStatus, milestoneDone)
+	p.Times = t
+	if err != nil {
+		return err
+	}
+	p.LastRequest, err = r.settle(ctx, p.Start)
+	return err
+}
+
+func (r *runner) idle(ctx context.Context, p *PhaseResult) error {
+	if err := pause(ctx, r.cfg.Idle); err != nil {
+		return err
+	}
+	// Nothing may have moved meanwhile.
+	if s := r.env.Observer.Snapshot(r.w.Expect(r.w.All())); !s.Converged() {
+		return fmt.Errorf("state changed while idle: %s", s)
+	}
+	return nil
+}
+
+func (r *runner) churn(ctx context.Context, p *PhaseResult) error {
+	f := r.cfg.Floors()
+	for round := 1; round <= r.cfg.ChurnRounds; round++ {
+		set := r.w.ChurnSet(round - 1)
+		start := time.Now()
+		if err := r.w.DeletePods(ctx, r.env.Client, set); err != nil {
+			return err
+		}
+		r.w.Move(set, round)
+		if err := r.w.CreatePods(ctx, r.env.Client, set); err != nil {
+			return err
+		}
+		t, err := r.env.Observer.Await(ctx, r.w.Expect(r.w.All()), start, r.cfg.timeout(f.ChurnRound(len(set), r.w.Nodes)),
+			milestoneGone, milestoneStatus, milestoneDone)
+		if err != nil {
+			return fmt.Errorf("round %d: %w", round, err)
+		}
+		for k, v := range t {
+			p.Times[k] += v
+		}
+		p.Rounds = append(p.Rounds, t[MDone])
+		last, err := r.settle(ctx, start)
+		if err != nil {
+			return err
+		}
+		p.LastRequest += last
+		r.logger.Info("Churn round done", "round", round, "moved", len(set), "duration", t[MDone].Round(time.Millisecond))
+	}
+	return nil
+}
+
+func (r *runner) teardown(ctx context.Context, p *PhaseResult) error {
+	f := r.cfg.Floors()
+	if err := r.w.DeletePods(ctx, r.env.Client, r.w.All()); err != nil {
+		return err
+	}
+	t, err := r.env.Observer.Await(ctx, r.w.Expect(nil), p.Start, r.cfg.timeout(f.Teardown(r.w.Volumes(), r.w.Nodes)),
+		milestoneGone, milestoneStatus)
+	p.Times = t
+	if err != nil {
+		return err
+	}
+	p.LastRequest, err = r.settle(ctx, p.Start)
+	return err
+}
+
+// settle waits until the controller has made no API request for Quiet (its
+// audit log, which holds only the controllers' requests, stops growing), at
+// most MaxSettle. It returns when the last request was seen, from start.
+func (r *runner) settle(ctx context.Context, start time.Time) (time.Duration, error) {
+	const every = 200 * time.Millisecond
+	size := func() int64 {
+		if fi, err := os.Stat(r.env.AuditLog); err == nil {
+			return fi.Size()
+		}
+		return -1
+	}
+	last, changed := size(), time.Now()
+	begin := changed
+	for {
+		if err := pause(ctx, every); err != nil {
+			return 0, err
+		}
+		now := time.Now()
+		if s := size(); s != last {
+			last, changed = s, now
+		}
+		if now.Sub(changed) >= r.cfg.Quiet {
+			return changed.Sub(start), nil
+		}
+		if now.Sub(begin) >= r.cfg.MaxSettle {
+			r.logger.Info("Controller still busy; going on", "after", r.cfg.MaxSettle)
+			return changed.Sub(start), nil
+		}
+	}
+}
+
+// saveMetrics keeps the controller's /metrics after a phase, if it serves
+// them.
+func (r *runner) saveMetrics(ctx context.Context, phase string) {
+	if r.metricsURL == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.metricsURL, nil)
+	if err != nil {
+		return
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		r.logger.Info("Metrics not saved", "err", err)
+		return
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return
+	}
+	path := filepath.Join(r.cfg.WorkDir, fmt.Sprintf("%s-metrics-%s.txt", r.w.Prefix, phase))
+	if err := os.WriteFile(path, body, 0o644); err != nil {
+		r.logger.Info("Metrics not saved", "err", err)
+	}
+}
+
+// cleanup deletes the run's objects, the VolumeAttachments left on its nodes
+// by a failed phase included, so that the next controller's caches hold
+// only its own workload.
+func cleanup(ctx context.Context, env *Env, w *Workload) {
+	logger := klog.FromContext(ctx)
+	if ctx.Err() != nil {
+		return // interrupted: the cluster goes away with everything in it
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+	defer cancel()
+	if err := w.Cleanup(ctx, env.Client); err != nil {
+		logger.Error(err, "Cleanup")
+	}
+	if err := deleteAttachments(ctx, env.Client, w.Driver); err != nil {
+		logger.Error(err, "Cleanup")
+	}
+	if _, err := env.Observer.Await(ctx, w.Expect(nil), time.Now(), 5*time.Minute, milestoneGone); err != nil {
+		logger.Error(err, "Cleanup: VolumeAttachments left")
+	}
+}
+
+// pause waits for d, or until ctx is done.
+func pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}
