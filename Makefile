@@ -17,7 +17,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The stack `make demo` and `make test-e2e` run (test/e2e/stack).
 E2E_TOOLS := etcd kube-apiserver csi-attacher csi-mock-driver
 
-.PHONY: all build tools test test-unit test-integration test-e2e demo verify image clean
+.PHONY: all build tools test test-unit test-integration test-e2e demo bench verify image clean
 
 all: build
 
@@ -60,6 +60,18 @@ verify:
 	@# Kubernetes libraries stay on one release.
 	@bad="$$(go list -m -f '{{.Path}} {{.Version}}' all | awk '$$1 ~ /^k8s\.io\/(api|apimachinery|client-go|component-base|csi-translation-lib)$$/ && $$2 !~ /^v0\.36\./')"; \
 	  if [[ -n "$$bad" ]]; then echo "Kubernetes libraries must stay on v0.36.x:"; echo "$$bad"; exit 1; fi
+
+# Side by side with kube-controller-manager's attachdetach controller on one
+# real kube-apiserver (SIZE=small: 50 nodes x 10 pods, a few minutes;
+# SIZE=large: 1,000 x 10), plus the Go benchmarks of the caches and the
+# per-key decision at 100,000 volumes; report in bench/results/<date>-<size>.md.
+SIZE ?= small
+
+bench: build
+	hack/build-tools.sh etcd kube-apiserver kube-controller-manager
+	mkdir -p _output/bench
+	go test -run '^$$' -bench . -benchmem ./pkg/cache ./pkg/reconciler | tee _output/bench/go-bench.txt
+	go run ./test/bench/cmd/adcbench -size $(SIZE) -go-bench _output/bench/go-bench.txt
 
 IMAGE ?= ghcr.io/kube-attach/attach-detach-controller:$(VERSION)
 
