@@ -2,6 +2,7 @@ package cache_test
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
@@ -217,4 +218,59 @@ func BenchmarkActualStateAttachments(b *testing.B) {
 			b.Fatalf("%d attachments", got)
 		}
 	}
+}
+
+// BenchmarkStateMemory reports the heap each state holds per volume (specs
+// and pod references excluded: the informers' objects and the other state
+// share them).
+func BenchmarkStateMemory(b *testing.B) {
+	specs := make([]*volume.Spec, benchVolumes)
+	pods := make([]cache.PodRef, benchVolumes)
+	nodes := make([]string, benchNodes)
+	for v := range specs {
+		specs[v], pods[v] = benchSpec(v), benchPod(v)
+	}
+	for n := range nodes {
+		nodes[n] = benchNode(n)
+	}
+	for _, tc := range []struct {
+		name  string
+		build func() any
+	}{
+		{"desired", func() any {
+			d := cache.NewDesiredState()
+			for v, spec := range specs {
+				d.SetPod(pods[v], nodes[v/benchPerNode], []*volume.Spec{spec})
+			}
+			return d
+		}},
+		{"actual", func() any {
+			a := cache.NewActualState()
+			for v, spec := range specs {
+				a.Update(cache.Key{Volume: spec.Name, Node: nodes[v/benchPerNode]}, true, func(at *cache.Attachment) {
+					at.State = cache.Attached
+					at.Spec = spec
+				})
+			}
+			return a
+		}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			var perVolume float64
+			for b.Loop() {
+				before := benchHeap()
+				state := tc.build()
+				perVolume = float64(benchHeap()-before) / benchVolumes
+				runtime.KeepAlive(state)
+			}
+			b.ReportMetric(perVolume, "heap-B/volume")
+		})
+	}
+}
+
+func benchHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }

@@ -61,7 +61,7 @@ func TestFloors(t *testing.T) {
 	}{
 		{"burst creates", f.BurstCreates(500), 23500 * time.Millisecond},
 		{"burst status", f.BurstStatus(500, 50), 26 * time.Second},
-		{"churn round", f.ChurnRound(50, 50), 8500 * time.Millisecond},
+		{"churn round", f.ChurnRound(50, 50), 6 * time.Second},
 		{"teardown", f.Teardown(500, 50), 26 * time.Second},
 		{"within burst", f.Writes(10), 0},
 	} {

@@ -13,9 +13,12 @@ import "time"
 //   - burst, in node status: V creates plus at least one status patch per
 //     node: V + N.
 //   - churn round: v volumes move to another node: v deletes and v creates,
-//     and every node that loses or gains a volume is written twice (the
-//     volume leaves the old node's status before its detach; the new node's
-//     status can list it only once attached, after that detach): 2v + 2n.
+//     and at least one status patch per node that loses or gains a volume:
+//     2v + n. A controller that writes every change promptly needs two per
+//     node (the old volume leaves the status before its detach, the new one
+//     enters it once attached, after the previous node's detach); only by
+//     holding a withdrawal back until the incoming volume is attached can
+//     both go in one patch.
 //   - teardown: V deletes plus one status patch per node (the volumes leave
 //     node.status before the detach): V + N.
 type Floors struct {
@@ -35,7 +38,7 @@ func (f Floors) BurstCreates(volumes int) time.Duration { return f.Writes(volume
 func (f Floors) BurstStatus(volumes, nodes int) time.Duration { return f.Writes(volumes + nodes) }
 
 // ChurnRound is the floor of one churn round moving v volumes across n nodes.
-func (f Floors) ChurnRound(v, n int) time.Duration { return f.Writes(2*v + 2*n) }
+func (f Floors) ChurnRound(v, n int) time.Duration { return f.Writes(2*v + n) }
 
 // Teardown is the floor of "every VolumeAttachment gone".
 func (f Floors) Teardown(volumes, nodes int) time.Duration { return f.Writes(volumes + nodes) }

@@ -33,12 +33,12 @@ var sizes = map[string][2]int{
 }
 
 type flags struct {
-	size, controllers, binDir, results, workDir, goBench string
-	nodes, podsPerNode, burst, rounds                    int
-	qps                                                  float64
-	idle, quiet, maxSettle, minTimeout                   time.Duration
-	timeoutFactor                                        float64
-	keep                                                 bool
+	size, controllers, binDir, oursBinary, results, workDir, goBench string
+	nodes, podsPerNode, burst, rounds                                int
+	qps                                                              float64
+	idle, quiet, maxSettle, minTimeout                               time.Duration
+	timeoutFactor                                                    float64
+	keep                                                             bool
 }
 
 func main() {
@@ -57,6 +57,7 @@ func main() {
 	flag.Float64Var(&f.timeoutFactor, "timeout-factor", 6, "a phase fails after this many times its API floor...")
 	flag.DurationVar(&f.minTimeout, "min-timeout", 5*time.Minute, "...or after this, whichever is longer")
 	flag.StringVar(&f.binDir, "bin-dir", "", "directory of etcd, kube-apiserver, kube-controller-manager and attach-detach-controller (default: _output/bin)")
+	flag.StringVar(&f.oursBinary, "ours-binary", "", "attach-detach-controller binary (default: in -bin-dir); e.g. one built from test/bench/cmd/adc-pprof")
 	flag.StringVar(&f.results, "results", "bench/results", "directory of the report")
 	flag.StringVar(&f.workDir, "work-dir", "", "directory of logs, audit log and metrics (default: _output/bench/<time>-<size>)")
 	flag.StringVar(&f.goBench, "go-bench", "", "file with `go test -bench` output to include in the report")
@@ -100,7 +101,11 @@ func run(f flags) error {
 	for _, name := range strings.Split(f.controllers, ",") {
 		switch strings.TrimSpace(name) {
 		case "ours":
-			ctrls = append(ctrls, bench.Ours(filepath.Join(f.binDir, "attach-detach-controller")))
+			bin := f.oursBinary
+			if bin == "" {
+				bin = filepath.Join(f.binDir, "attach-detach-controller")
+			}
+			ctrls = append(ctrls, bench.Ours(bin))
 		case "kcm":
 			ctrls = append(ctrls, bench.KCM(filepath.Join(f.binDir, "kube-controller-manager")))
 		default:

@@ -57,8 +57,9 @@ func notes(cfg bench.Config, ctrls []bench.Controller) []string {
 		fmt.Sprintf("After each phase and each churn round the harness waits until the controller has made no API request for %s (its trailing work, mostly events, "+
 			"counts for the phase: \"last API request\"), so that the next phase starts from a quiet controller and a full token bucket.", cfg.Quiet),
 		fmt.Sprintf("API floor = (W − burst) / QPS with QPS=%g, burst=%d, W the writes no controller can avoid: burst VolumeAttachments: V creates; "+
-			"burst node status: V creates + N node status patches; churn round moving v volumes across n nodes: v deletes + v creates + 2n status patches "+
-			"(withdraw before the detach, report after the attach); teardown: V deletes + N status patches. V volumes, N nodes.", cfg.QPS, cfg.Burst),
+			"burst node status: V creates + N node status patches; churn round moving v volumes across n nodes: v deletes + v creates + n status patches "+
+			"(a controller that writes each change at once needs 2n: withdraw before the detach, report after the attach); "+
+			"teardown: V deletes + N status patches. V volumes, N nodes. Each is a lower bound, not a target a correct controller always reaches.", cfg.QPS, cfg.Burst),
 		fmt.Sprintf("CPU = utime+stime of the controller process from /proc/PID/stat (USER_HZ=100); RSS = VmRSS, peak = VmHWM from /proc/PID/status. "+
 			"Idle: %s with nothing changing, once the controller is quiet after the burst.", cfg.Idle),
 		"The machine is shared and noisy: compare the controllers' ratios from the same run, not absolute values across runs.",
