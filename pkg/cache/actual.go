@@ -37,8 +37,12 @@ type Attachment struct {
 	// Spec is the spec the volume was attached with; nil when the attachment
 	// was recovered from node.status alone.
 	Spec *volume.Spec
-	// AttachmentName is the VolumeAttachment's name, for the CSI mechanism.
+	// AttachmentName is the VolumeAttachment's name, for the CSI mechanism,
+	// and AttachmentUID the UID of the object last seen under that name: an
+	// informer event of the object whose delete the controller started says
+	// nothing newer than that delete.
 	AttachmentName string
+	AttachmentUID  string
 	// AttachError and DetachError are the last errors the mechanism reported.
 	AttachError string
 	DetachError string
@@ -360,6 +364,21 @@ func (a *ActualState) EndReport(node string, written []v1.AttachedVolume, ok boo
 		}
 	}
 	return keys
+}
+
+// ReportPending reports whether node.status may still list the volume at k:
+// it was reported, or a write of the node's status (which may carry it) is
+// under way. Both are read at once: a write that ends between two separate
+// reads would otherwise go unseen.
+func (a *ActualState) ReportPending(k Key) bool {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	n := a.nodes[k.Node]
+	if n == nil {
+		return false
+	}
+	at := n.attachments[k.Volume]
+	return n.writing || (at != nil && at.Reported)
 }
 
 // ReportInFlight reports whether a node.status write for node is under way.

@@ -27,6 +27,15 @@ type podWants struct {
 	ref   PodRef
 	node  string
 	specs []*volume.Spec
+	// vols says which pod volume each spec came from.
+	vols []PodVolume
+}
+
+// PodVolume is what one volume of a pod (by its name in the pod's spec)
+// resolves to.
+type PodVolume struct {
+	Name string
+	Spec *volume.Spec
 }
 
 type desiredEntry struct {
@@ -48,6 +57,31 @@ func NewDesiredState() *DesiredState {
 // volume's key, and the keys of its aliases on the node (whether an
 // attachment under an alias is wanted changed with it), once each.
 func (d *DesiredState) SetPod(pod PodRef, node string, specs []*volume.Spec) []Key {
+	vols := make([]PodVolume, len(specs))
+	for i, s := range specs {
+		vols[i] = PodVolume{Name: string(s.Name), Spec: s}
+	}
+	return d.SetPodVolumes(pod, node, vols)
+}
+
+// PodVolumes returns what the pod with this key and UID was last given by
+// SetPodVolumes; nothing for another pod of the same name.
+func (d *DesiredState) PodVolumes(podKey, uid string) []PodVolume {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	p := d.pods[podKey]
+	if p == nil || p.ref.UID != uid {
+		return nil
+	}
+	return slices.Clone(p.vols)
+}
+
+// SetPodVolumes is SetPod with each spec's pod volume, for PodVolumes.
+func (d *DesiredState) SetPodVolumes(pod PodRef, node string, vols []PodVolume) []Key {
+	specs := make([]*volume.Spec, 0, len(vols))
+	for _, v := range vols {
+		specs = append(specs, v.Spec)
+	}
 	specs = dedupe(specs)
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -72,8 +106,12 @@ func (d *DesiredState) SetPod(pod PodRef, node string, specs []*volume.Spec) []K
 	}
 	for _, s := range specs {
 		if old != nil && old.node == node && containsSpec(old.specs, s) {
-			// Same spec; keep the newest object for the PV/inline source.
-			d.entries[Key{Volume: s.Name, Node: node}].spec = s
+			// Same spec; keep the newest object for the PV/inline source,
+			// and the pod's current UID (a pod re-created under the same
+			// name is another pod: events go to it).
+			e := d.entries[Key{Volume: s.Name, Node: node}]
+			e.spec = s
+			e.pods[podKey] = pod
 			continue
 		}
 		d.addLocked(pod, node, s)
@@ -82,7 +120,7 @@ func (d *DesiredState) SetPod(pod PodRef, node string, specs []*volume.Spec) []K
 	if len(specs) == 0 {
 		delete(d.pods, podKey)
 	} else {
-		d.pods[podKey] = &podWants{ref: pod, node: node, specs: specs}
+		d.pods[podKey] = &podWants{ref: pod, node: node, specs: specs, vols: slices.Clone(vols)}
 	}
 	return touched
 }

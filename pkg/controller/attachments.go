@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -26,7 +25,7 @@ func (c *Controller) syncAttachment(ctx context.Context, name string) error {
 			if a, _ := c.actual.Get(k); a.AttachmentName == name {
 				if !a.DetachStarted.IsZero() {
 					c.cfg.Metrics.ObserveOperation(volume.MetricPluginName(k.Volume), metrics.OperationDetach,
-						a.Spec != nil && a.Spec.Migrated, true, time.Since(a.DetachStarted))
+						a.Spec != nil && a.Spec.Migrated, true, c.clock.Since(a.DetachStarted))
 				}
 				c.actual.Delete(k)
 				logger.V(2).Info("VolumeAttachment is gone: volume detached", "volume", k.Volume, "node", k.Node)
@@ -46,8 +45,17 @@ func (c *Controller) syncAttachment(ctx context.Context, name string) error {
 		return nil
 	}
 	changed := c.actual.Update(k, true, func(a *cache.Attachment) {
+		if a.State == cache.Detaching && !a.DetachStarted.IsZero() && va.DeletionTimestamp == nil &&
+			a.AttachmentName == name && a.AttachmentUID == string(va.UID) {
+			// The object whose delete the controller started, as it was
+			// before that delete: an informer event older than the delete
+			// says nothing new, and must not make it attached (and
+			// reported) again.
+			return
+		}
 		a.Kind = volume.KindCSI
 		a.AttachmentName = name
+		a.AttachmentUID = string(va.UID)
 		if a.Spec == nil {
 			a.Spec = spec
 		}

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/intree"
@@ -63,14 +64,70 @@ type Config struct {
 	RateLimiter func() workqueue.TypedRateLimiter[cache.Key]
 	// NodeRateLimiter is the retry policy of the string-keyed queues.
 	NodeRateLimiter func() workqueue.TypedRateLimiter[string]
+
+	// Informers, when set, are the informers the controller reads, with
+	// their event delivery in the caller's hands (a driver that schedules
+	// events and work itself: the simulation, table tests); nil: shared
+	// informers over Client (and Dynamic), started by Run.
+	Informers *Informers
+	// Clock tells the time; nil: the real clock.
+	Clock clock.PassiveClock
+	// NewQueue and NewKeyQueue, when set, make the named work queues in
+	// place of client-go's rate-limited workqueues (RateLimiter and
+	// NodeRateLimiter are then unused).
+	NewQueue    func(name string) workqueue.TypedRateLimitingInterface[string]
+	NewKeyQueue func(name string) workqueue.TypedRateLimitingInterface[cache.Key]
+}
+
+// Informers are the informers the controller reads. Their caches must hold
+// objects passed through Trim.
+type Informers struct {
+	Pods, PVCs, PVs, Nodes, CSINodes, CSIDrivers, VolumeAttachments toolscache.SharedIndexInformer
+	// CSINodeInfos is nil when the CSINodeInfo CRD is not served.
+	CSINodeInfos toolscache.SharedIndexInformer
+
+	start    func(stop <-chan struct{})
+	shutdown func()
+}
+
+// NewInformers returns shared informers over client (and dynamic, for
+// CSINodeInfo when csiNodeInfo is true), trimming what they cache.
+func NewInformers(client kubernetes.Interface, dyn dynamic.Interface, csiNodeInfo bool) *Informers {
+	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(Trim))
+	inf := &Informers{
+		Pods:              f.Core().V1().Pods().Informer(),
+		PVCs:              f.Core().V1().PersistentVolumeClaims().Informer(),
+		PVs:               f.Core().V1().PersistentVolumes().Informer(),
+		Nodes:             f.Core().V1().Nodes().Informer(),
+		CSINodes:          f.Storage().V1().CSINodes().Informer(),
+		CSIDrivers:        f.Storage().V1().CSIDrivers().Informer(),
+		VolumeAttachments: f.Storage().V1().VolumeAttachments().Informer(),
+		start:             f.Start,
+		shutdown:          f.Shutdown,
+	}
+	if csiNodeInfo && dyn != nil {
+		df := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
+		inf.CSINodeInfos = df.ForResource(migration.CSINodeInfoGVR).Informer()
+		inf.start = func(stop <-chan struct{}) { f.Start(stop); df.Start(stop) }
+		inf.shutdown = func() { f.Shutdown(); df.Shutdown() }
+	}
+	return inf
+}
+
+func (i *Informers) all() []toolscache.SharedIndexInformer {
+	all := []toolscache.SharedIndexInformer{i.Pods, i.PVCs, i.PVs, i.Nodes, i.CSINodes, i.CSIDrivers, i.VolumeAttachments}
+	if i.CSINodeInfos != nil {
+		all = append(all, i.CSINodeInfos)
+	}
+	return all
 }
 
 // Controller owns the informers, the queues and the workers.
 type Controller struct {
-	cfg        Config
-	client     kubernetes.Interface
-	factory    informers.SharedInformerFactory
-	dynFactory dynamicinformer.DynamicSharedInformerFactory
+	cfg       Config
+	client    kubernetes.Interface
+	informers *Informers
+	clock     clock.PassiveClock
 
 	pods            corelisters.PodLister
 	podIndex        toolscache.Indexer
@@ -105,58 +162,52 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Workers < 1 || cfg.StatusWorkers < 1 {
 		return nil, fmt.Errorf("workers and status workers must be at least 1, got %d and %d", cfg.Workers, cfg.StatusWorkers)
 	}
-	c := &Controller{
-		cfg:      cfg,
-		client:   cfg.Client,
-		desired:  cache.NewDesiredState(),
-		actual:   cache.NewActualState(),
-		problems: map[string]map[string]string{},
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
-	c.factory = informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, informers.WithTransform(trim))
-	podInformer := c.factory.Core().V1().Pods().Informer()
-	if err := podInformer.AddIndexers(toolscache.Indexers{indexByNode: podNodeIndex, indexByClaim: podClaimIndex}); err != nil {
+	if cfg.Reconciler.Clock == nil {
+		cfg.Reconciler.Clock = cfg.Clock
+	}
+	c := &Controller{
+		cfg:       cfg,
+		client:    cfg.Client,
+		informers: cfg.Informers,
+		clock:     cfg.Clock,
+		desired:   cache.NewDesiredState(),
+		actual:    cache.NewActualState(),
+		problems:  map[string]map[string]string{},
+	}
+	if c.informers == nil {
+		c.informers = NewInformers(cfg.Client, cfg.Dynamic, cfg.CSINodeInfoInstalled)
+	}
+	inf := c.informers
+	if err := inf.Pods.AddIndexers(toolscache.Indexers{indexByNode: podNodeIndex, indexByClaim: podClaimIndex}); err != nil {
 		return nil, fmt.Errorf("add pod indexers: %w", err)
 	}
-	c.pods = c.factory.Core().V1().Pods().Lister()
-	c.podIndex = podInformer.GetIndexer()
-	c.pvcs = c.factory.Core().V1().PersistentVolumeClaims().Lister()
-	c.pvs = c.factory.Core().V1().PersistentVolumes().Lister()
-	c.nodes = c.factory.Core().V1().Nodes().Lister()
-	c.csiDrivers = c.factory.Storage().V1().CSIDrivers().Lister()
-	c.attachments = c.factory.Storage().V1().VolumeAttachments().Lister()
-	vaInformer := c.factory.Storage().V1().VolumeAttachments().Informer()
-	if err := vaInformer.AddIndexers(toolscache.Indexers{indexByPV: attachmentPVIndex}); err != nil {
+	if err := inf.VolumeAttachments.AddIndexers(toolscache.Indexers{indexByPV: attachmentPVIndex}); err != nil {
 		return nil, fmt.Errorf("add VolumeAttachment indexer: %w", err)
 	}
-	c.attachmentIndex = vaInformer.GetIndexer()
-	csiNodes := c.factory.Storage().V1().CSINodes()
+	c.podIndex = inf.Pods.GetIndexer()
+	c.pods = corelisters.NewPodLister(c.podIndex)
+	c.pvcs = corelisters.NewPersistentVolumeClaimLister(inf.PVCs.GetIndexer())
+	c.pvs = corelisters.NewPersistentVolumeLister(inf.PVs.GetIndexer())
+	c.nodes = corelisters.NewNodeLister(inf.Nodes.GetIndexer())
+	c.csiDrivers = storagelisters.NewCSIDriverLister(inf.CSIDrivers.GetIndexer())
+	c.attachmentIndex = inf.VolumeAttachments.GetIndexer()
+	c.attachments = storagelisters.NewVolumeAttachmentLister(c.attachmentIndex)
 
 	var csiNodeInfos toolscache.GenericLister
-	if cfg.CSINodeInfoInstalled && cfg.Dynamic != nil {
-		c.dynFactory = dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, 0)
-		gi := c.dynFactory.ForResource(migration.CSINodeInfoGVR)
-		csiNodeInfos = gi.Lister()
-		if _, err := gi.Informer().AddEventHandler(c.nodeInfoHandler()); err != nil {
+	if inf.CSINodeInfos != nil {
+		csiNodeInfos = toolscache.NewGenericLister(inf.CSINodeInfos.GetIndexer(), migration.CSINodeInfoGVR.GroupResource())
+		if _, err := inf.CSINodeInfos.AddEventHandler(c.nodeInfoHandler()); err != nil {
 			return nil, fmt.Errorf("watch CSINodeInfo: %w", err)
 		}
-		c.synced = append(c.synced, gi.Informer().HasSynced)
 	}
-	c.nodeView = migration.NewNodeView(csiNodes.Lister(), csiNodeInfos)
+	c.nodeView = migration.NewNodeView(storagelisters.NewCSINodeLister(inf.CSINodes.GetIndexer()), csiNodeInfos)
 
-	queueMetrics, err := metrics.NewWorkqueueProvider(cfg.Registerer)
-	if err != nil {
-		return nil, fmt.Errorf("register workqueue metrics: %w", err)
+	if err := c.newQueues(); err != nil {
+		return nil, err
 	}
-	newQueue := func(name string) workqueue.TypedRateLimitingInterface[string] {
-		return workqueue.NewTypedRateLimitingQueueWithConfig(cfg.NodeRateLimiter(),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: name, MetricsProvider: queueMetrics})
-	}
-	c.podQueue = newQueue("pods")
-	c.nodeQueue = newQueue("nodes")
-	c.attachmentQueue = newQueue("volumeattachments")
-	c.statusQueue = newQueue("nodestatus")
-	c.volumeQueue = workqueue.NewTypedRateLimitingQueueWithConfig(cfg.RateLimiter(),
-		workqueue.TypedRateLimitingQueueConfig[cache.Key]{Name: "volumes", MetricsProvider: queueMetrics})
 
 	c.reconciler = reconciler.New(c.desired, c.actual, map[volume.Kind]reconciler.Mechanism{
 		volume.KindCSI:    mechanism.NewCSI(cfg.Client, c.attachments),
@@ -164,16 +215,12 @@ func New(cfg Config) (*Controller, error) {
 	}, cfg.Recorder, cfg.Metrics, cfg.Reconciler)
 	c.writer = nodestatus.NewWriter(cfg.Client, c.nodes, c.actual)
 
-	if err := c.addHandlers(csiNodes.Informer()); err != nil {
+	if err := c.addHandlers(); err != nil {
 		return nil, err
 	}
-	c.synced = append(c.synced, podInformer.HasSynced,
-		c.factory.Core().V1().PersistentVolumeClaims().Informer().HasSynced,
-		c.factory.Core().V1().PersistentVolumes().Informer().HasSynced,
-		c.factory.Core().V1().Nodes().Informer().HasSynced,
-		c.factory.Storage().V1().CSIDrivers().Informer().HasSynced,
-		c.factory.Storage().V1().VolumeAttachments().Informer().HasSynced,
-		csiNodes.Informer().HasSynced)
+	for _, i := range inf.all() {
+		c.synced = append(c.synced, i.HasSynced)
+	}
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(metrics.NewStateCollector(metrics.State{
 			Desired: c.desired.Stats,
@@ -193,23 +240,54 @@ func New(cfg Config) (*Controller, error) {
 	return c, nil
 }
 
+// Queue names, as the workqueue metrics label them.
+const (
+	QueuePods              = "pods"
+	QueueNodes             = "nodes"
+	QueueVolumeAttachments = "volumeattachments"
+	QueueVolumes           = "volumes"
+	QueueNodeStatus        = "nodestatus"
+)
+
+func (c *Controller) newQueues() error {
+	cfg := c.cfg
+	if cfg.NewQueue == nil || cfg.NewKeyQueue == nil {
+		queueMetrics, err := metrics.NewWorkqueueProvider(cfg.Registerer)
+		if err != nil {
+			return fmt.Errorf("register workqueue metrics: %w", err)
+		}
+		cfg.NewQueue = func(name string) workqueue.TypedRateLimitingInterface[string] {
+			return workqueue.NewTypedRateLimitingQueueWithConfig(cfg.NodeRateLimiter(),
+				workqueue.TypedRateLimitingQueueConfig[string]{Name: name, MetricsProvider: queueMetrics})
+		}
+		cfg.NewKeyQueue = func(name string) workqueue.TypedRateLimitingInterface[cache.Key] {
+			return workqueue.NewTypedRateLimitingQueueWithConfig(cfg.RateLimiter(),
+				workqueue.TypedRateLimitingQueueConfig[cache.Key]{Name: name, MetricsProvider: queueMetrics})
+		}
+	}
+	c.podQueue = cfg.NewQueue(QueuePods)
+	c.nodeQueue = cfg.NewQueue(QueueNodes)
+	c.attachmentQueue = cfg.NewQueue(QueueVolumeAttachments)
+	c.statusQueue = cfg.NewQueue(QueueNodeStatus)
+	c.volumeQueue = cfg.NewKeyQueue(QueueVolumes)
+	return nil
+}
+
 // Run starts the informers, rebuilds the state, and runs the workers until
 // ctx is cancelled; onReady is called once the state is rebuilt. It returns
 // once every worker has stopped.
 func (c *Controller) Run(ctx context.Context, onReady func()) error {
 	logger := klog.FromContext(ctx)
 	defer c.shutdownQueues()
-	c.factory.Start(ctx.Done())
-	defer c.factory.Shutdown()
-	if c.dynFactory != nil {
-		c.dynFactory.Start(ctx.Done())
-		defer c.dynFactory.Shutdown()
+	if c.informers.start != nil {
+		c.informers.start(ctx.Done())
+		defer c.informers.shutdown()
 	}
 	logger.Info("Waiting for informer caches")
 	if !toolscache.WaitForCacheSync(ctx.Done(), c.synced...) {
 		return fmt.Errorf("informer caches did not sync: %w", ctx.Err())
 	}
-	if err := c.recover(ctx); err != nil {
+	if err := c.Recover(ctx); err != nil {
 		return err
 	}
 	var wg sync.WaitGroup
@@ -218,13 +296,13 @@ func (c *Controller) Run(ctx context.Context, onReady func()) error {
 			wg.Go(func() { wait.UntilWithContext(ctx, worker, time.Second) })
 		}
 	}
-	run(2, c.podWorker)
-	run(2, c.nodeWorker)
-	run(2, c.attachmentWorker)
-	run(c.cfg.Workers, c.volumeWorker)
-	run(c.cfg.StatusWorkers, c.statusWorker)
+	run(2, c.worker(QueuePods))
+	run(2, c.worker(QueueNodes))
+	run(2, c.worker(QueueVolumeAttachments))
+	run(c.cfg.Workers, c.worker(QueueVolumes))
+	run(c.cfg.StatusWorkers, c.worker(QueueNodeStatus))
 	if c.cfg.SyncPeriod > 0 {
-		wg.Go(func() { wait.UntilWithContext(ctx, c.periodicSync, c.cfg.SyncPeriod) })
+		wg.Go(func() { wait.UntilWithContext(ctx, c.Resync, c.cfg.SyncPeriod) })
 	}
 	logger.Info("Started", "workers", c.cfg.Workers)
 	if onReady != nil {

@@ -3,7 +3,6 @@ package controller
 import (
 	"encoding/json"
 	"net/http"
-	"time"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
@@ -25,7 +24,7 @@ type Explanation struct {
 
 // Explain says what the controller will do with a volume on a node, and why.
 func (c *Controller) Explain(k cache.Key) Explanation {
-	return explanation(c.reconciler.Decide(k, time.Now()))
+	return explanation(c.reconciler.Decide(k, c.clock.Now()))
 }
 
 // ExplainPod explains every volume a pod wants.

@@ -17,10 +17,10 @@ const (
 	indexByPV    = "byPV"
 )
 
-// trim keeps in the informer caches only what the controller reads: pods and
+// Trim keeps in the informer caches only what the controller reads: pods and
 // nodes are the large objects of a cluster, and most of them is of no use
-// here.
-func trim(obj any) (any, error) {
+// here. Informers passed in Config.Informers must apply it.
+func Trim(obj any) (any, error) {
 	if m, ok := obj.(metav1.ObjectMetaAccessor); ok {
 		m.GetObjectMeta().SetManagedFields(nil)
 	}
@@ -43,6 +43,13 @@ func trimPod(p *v1.Pod) *v1.Pod {
 		Spec:   v1.PodSpec{NodeName: p.Spec.NodeName},
 		Status: v1.PodStatus{Phase: p.Status.Phase},
 	}
+	if p.DeletionTimestamp != nil {
+		// Whether a deleted pod still runs a container decides whether it
+		// has terminated (podTerminated); only then is it worth keeping.
+		out.Status.InitContainerStatuses = trimStatuses(p.Status.InitContainerStatuses)
+		out.Status.ContainerStatuses = trimStatuses(p.Status.ContainerStatuses)
+		out.Status.EphemeralContainerStatuses = trimStatuses(p.Status.EphemeralContainerStatuses)
+	}
 	for _, vol := range p.Spec.Volumes {
 		switch {
 		case vol.ConfigMap != nil, vol.Secret != nil, vol.Projected != nil, vol.EmptyDir != nil,
@@ -53,6 +60,27 @@ func trimPod(p *v1.Pod) *v1.Pod {
 			vol = v1.Volume{Name: vol.Name, VolumeSource: v1.VolumeSource{Ephemeral: &v1.EphemeralVolumeSource{}}}
 		}
 		out.Spec.Volumes = append(out.Spec.Volumes, vol)
+	}
+	return out
+}
+
+// trimStatuses keeps of each container status whether it is running,
+// waiting or terminated.
+func trimStatuses(in []v1.ContainerStatus) []v1.ContainerStatus {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make([]v1.ContainerStatus, len(in))
+	for i, st := range in {
+		out[i].Name = st.Name
+		switch {
+		case st.State.Terminated != nil:
+			out[i].State.Terminated = &v1.ContainerStateTerminated{}
+		case st.State.Waiting != nil:
+			out[i].State.Waiting = &v1.ContainerStateWaiting{}
+		case st.State.Running != nil:
+			out[i].State.Running = &v1.ContainerStateRunning{}
+		}
 	}
 	return out
 }
@@ -115,7 +143,8 @@ func claimName(p *v1.Pod, vol *v1.Volume) string {
 	return ""
 }
 
-func (c *Controller) addHandlers(csiNodes toolscache.SharedIndexInformer) error {
+func (c *Controller) addHandlers() error {
+	inf := c.informers
 	key := func(obj any) (string, bool) {
 		k, err := toolscache.DeletionHandlingMetaNamespaceKeyFunc(obj)
 		return k, err == nil
@@ -131,7 +160,7 @@ func (c *Controller) addHandlers(csiNodes toolscache.SharedIndexInformer) error 
 		informer toolscache.SharedIndexInformer
 		handler  toolscache.ResourceEventHandler
 	}{
-		{c.factory.Core().V1().Pods().Informer(), toolscache.ResourceEventHandlerFuncs{
+		{inf.Pods, toolscache.ResourceEventHandlerFuncs{
 			AddFunc: func(obj any) {
 				if k, ok := key(obj); ok {
 					c.podQueue.Add(k)
@@ -155,20 +184,20 @@ func (c *Controller) addHandlers(csiNodes toolscache.SharedIndexInformer) error 
 				}
 			},
 		}},
-		{c.factory.Core().V1().Nodes().Informer(), toolscache.ResourceEventHandlerFuncs{
+		{inf.Nodes, toolscache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { c.nodeChanged(nil, obj) },
 			UpdateFunc: c.nodeChanged,
 			DeleteFunc: func(obj any) { c.nodeChanged(nil, obj) },
 		}},
-		{c.factory.Storage().V1().VolumeAttachments().Informer(), enqueue(c.attachmentQueue)},
-		{c.factory.Core().V1().PersistentVolumeClaims().Informer(), objectHandler(func(obj any) {
+		{inf.VolumeAttachments, enqueue(c.attachmentQueue)},
+		{inf.PVCs, objectHandler(func(obj any) {
 			if k, ok := key(obj); ok {
 				c.enqueuePods(indexByClaim, k)
 			}
 		})},
-		{c.factory.Core().V1().PersistentVolumes().Informer(), objectHandler(c.pvChanged)},
-		{c.factory.Storage().V1().CSIDrivers().Informer(), objectHandler(func(any) { c.enqueueAllPods() })},
-		{csiNodes, objectHandler(func(obj any) {
+		{inf.PVs, objectHandler(c.pvChanged)},
+		{inf.CSIDrivers, objectHandler(func(any) { c.enqueueAllPods() })},
+		{inf.CSINodes, objectHandler(func(obj any) {
 			if k, ok := key(obj); ok {
 				c.enqueuePods(indexByNode, k)
 			}
@@ -214,7 +243,7 @@ func sameNodeFacts(a, b *v1.Node) bool {
 // samePodFacts compares trimmed pods: what is left is what matters.
 func samePodFacts(a, b *v1.Pod) bool {
 	return a.UID == b.UID && a.Spec.NodeName == b.Spec.NodeName && a.Status.Phase == b.Status.Phase &&
-		(a.DeletionTimestamp == nil) == (b.DeletionTimestamp == nil) &&
+		(a.DeletionTimestamp == nil) == (b.DeletionTimestamp == nil) && podTerminated(a) == podTerminated(b) &&
 		apiequality.Semantic.DeepEqual(a.Spec.Volumes, b.Spec.Volumes)
 }
 

@@ -22,7 +22,7 @@ func TestTrimPod(t *testing.T) {
 		}},
 		Status: v1.PodStatus{Phase: v1.PodRunning, ContainerStatuses: []v1.ContainerStatus{{Name: "c"}}},
 	}
-	obj, err := trim(pod)
+	obj, err := Trim(pod)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestNodeInfo(t *testing.T) {
 			Images:       []v1.ContainerImage{{Names: []string{"big"}}},
 		},
 	}
-	obj, err := trim(node)
+	obj, err := Trim(node)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -39,15 +40,15 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 		c.touch(c.desired.SetPod(ref, pod.Spec.NodeName, nil)...)
 		return nil
 	}
-	specs := c.podVolumes(ctx, pod)
-	touched := c.desired.SetPod(ref, pod.Spec.NodeName, specs)
-	c.countDecisions(specs, touched)
+	vols := c.podVolumes(ctx, pod)
+	touched := c.desired.SetPodVolumes(ref, pod.Spec.NodeName, vols)
+	c.countDecisions(vols, touched)
 	c.touch(touched...)
 	return nil
 }
 
 func (c *Controller) needsAttach(pod *v1.Pod) bool {
-	if pod.Spec.NodeName == "" || pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
+	if pod.Spec.NodeName == "" || podTerminated(pod) {
 		return false
 	}
 	node, err := c.nodes.Get(pod.Spec.NodeName)
@@ -58,31 +59,105 @@ func (c *Controller) needsAttach(pod *v1.Pod) bool {
 	return managed
 }
 
+// podTerminated is upstream's IsPodTerminated: the pod Succeeded or Failed,
+// or it is being deleted and none of its containers runs any more.
+func podTerminated(pod *v1.Pod) bool {
+	if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
+		return true
+	}
+	if pod.DeletionTimestamp == nil {
+		return false
+	}
+	for _, statuses := range [][]v1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses,
+		pod.Status.EphemeralContainerStatuses} {
+		for _, st := range statuses {
+			if st.State.Terminated == nil && st.State.Waiting == nil {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // podVolumes resolves each volume of pod into the spec to attach on its
 // node. A volume that can't be resolved is reported on the pod and left out;
-// the pod's other volumes are unaffected.
-func (c *Controller) podVolumes(ctx context.Context, pod *v1.Pod) []*volume.Spec {
+// the pod's other volumes are unaffected. A live pod never loses a volume it
+// had: one that can no longer be resolved (its claim deleted, its PV deleted
+// or bound elsewhere) or now resolves to another volume stays wanted, with a
+// warning, until the pod terminates or goes, as upstream keeps it.
+func (c *Controller) podVolumes(ctx context.Context, pod *v1.Pod) []cache.PodVolume {
 	logger := klog.FromContext(ctx)
-	var specs []*volume.Spec
+	key := pod.Namespace + "/" + pod.Name
+	had := map[string][]*volume.Spec{}
+	for _, pv := range c.desired.PodVolumes(key, string(pod.UID)) {
+		had[pv.Name] = append(had[pv.Name], pv.Spec)
+	}
+	var vols []cache.PodVolume
 	seen := map[string]bool{}
 	for i := range pod.Spec.Volumes {
 		vol := &pod.Spec.Volumes[i]
 		spec, err := c.podVolume(ctx, pod, vol)
+		for _, old := range had[vol.Name] {
+			if err == nil && spec != nil && sharesName(old, spec) {
+				continue
+			}
+			vols = append(vols, cache.PodVolume{Name: vol.Name, Spec: old})
+			why := err
+			if err == nil {
+				why = fmt.Errorf("it now resolves to volume %s", describeSpec(spec))
+			}
+			logger.Info("Volume of a running pod can no longer be resolved; it stays attached until the pod terminates",
+				"volume", vol.Name, "attached", old.Name, "reason", why)
+			c.reportProblemEvent(pod, vol.Name, "VolumeKeptAttached", fmt.Sprintf(
+				"volume %q stays attached as %s until the pod terminates, but it can no longer be resolved: %s", vol.Name, old.Name, why))
+		}
 		switch {
 		case errors.Is(err, errWaiting):
 			logger.V(4).Info("Volume not ready to attach", "volume", vol.Name, "reason", err)
 		case errors.Is(err, volume.ErrNotAttachable):
 		case err != nil:
-			c.reportProblem(pod, vol.Name, err)
+			if len(had[vol.Name]) == 0 {
+				c.reportProblem(pod, vol.Name, err)
+			}
 		case spec != nil:
-			specs = append(specs, spec)
+			vols = append(vols, cache.PodVolume{Name: vol.Name, Spec: spec})
 		}
-		if err == nil || errors.Is(err, errWaiting) || errors.Is(err, volume.ErrNotAttachable) {
+		if (err == nil || errors.Is(err, errWaiting) || errors.Is(err, volume.ErrNotAttachable)) && len(had[vol.Name]) == 0 {
+			seen[vol.Name] = true
+		}
+		if err == nil && spec != nil && allShareName(had[vol.Name], spec) {
 			seen[vol.Name] = true
 		}
 	}
 	c.clearProblems(pod, seen)
-	return specs
+	return vols
+}
+
+// sharesName reports whether two specs name one volume (a migratable volume
+// has two names; which one comes first depends on the node's mechanism).
+func sharesName(a, b *volume.Spec) bool {
+	for _, n := range a.AllNames() {
+		if slices.Contains(b.AllNames(), n) {
+			return true
+		}
+	}
+	return false
+}
+
+func allShareName(specs []*volume.Spec, s *volume.Spec) bool {
+	for _, o := range specs {
+		if !sharesName(o, s) {
+			return false
+		}
+	}
+	return true
+}
+
+func describeSpec(s *volume.Spec) string {
+	if s == nil {
+		return "(none)"
+	}
+	return string(s.Name)
 }
 
 // errWaiting marks a volume that is not an error but not ready either (an
@@ -149,12 +224,13 @@ func (c *Controller) attachRequired(driver string) bool {
 
 // countDecisions counts the mechanism decisions for in-tree volumes that
 // changed the desired state.
-func (c *Controller) countDecisions(specs []*volume.Spec, touched []cache.Key) {
+func (c *Controller) countDecisions(vols []cache.PodVolume, touched []cache.Key) {
 	changed := make(map[volume.Name]bool, len(touched))
 	for _, k := range touched {
 		changed[k.Volume] = true
 	}
-	for _, s := range specs {
+	for _, v := range vols {
+		s := v.Spec
 		if s.PluginName == volume.CSIPluginName || s.PluginName == "" || !changed[s.Name] {
 			continue
 		}
@@ -169,8 +245,13 @@ func (c *Controller) countDecisions(specs []*volume.Spec, touched []cache.Key) {
 // reportProblem posts a warning on the pod for a volume that can't be
 // attached, once per distinct message.
 func (c *Controller) reportProblem(pod *v1.Pod, volName string, err error) {
+	c.reportProblemEvent(pod, volName, "FailedAttachVolume", fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", volName, err))
+}
+
+// reportProblemEvent posts a warning with reason on the pod about one of its
+// volumes, once per distinct message.
+func (c *Controller) reportProblemEvent(pod *v1.Pod, volName, reason, msg string) {
 	key := pod.Namespace + "/" + pod.Name
-	msg := fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", volName, err)
 	c.mu.Lock()
 	vols := c.problems[key]
 	if vols == nil {
@@ -183,7 +264,7 @@ func (c *Controller) reportProblem(pod *v1.Pod, volName string, err error) {
 	if told {
 		return
 	}
-	c.cfg.Recorder.Event(pod, v1.EventTypeWarning, "FailedAttachVolume", msg)
+	c.cfg.Recorder.Event(pod, v1.EventTypeWarning, reason, msg)
 }
 
 func (c *Controller) clearProblems(pod *v1.Pod, ok map[string]bool) {

@@ -13,12 +13,12 @@ import (
 
 var everything = labels.Everything()
 
-// recover rebuilds both states from the synced informers before any worker
+// Recover rebuilds both states from the synced informers before any worker
 // runs: attachments from VolumeAttachments and node.status.volumesAttached,
 // then every pod's wants. Only then can "not desired" be trusted, so a
 // restart never detaches a volume still in use, and a pod deleted while the
 // controller was down is detached right away.
-func (c *Controller) recover(ctx context.Context) error {
+func (c *Controller) Recover(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	vas, err := c.attachments.List(everything)
 	if err != nil {

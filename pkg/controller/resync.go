@@ -9,9 +9,9 @@ import (
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 )
 
-// periodicSync compares attached CSI volumes with their VolumeAttachments and
+// Resync compares attached CSI volumes with their VolumeAttachments and
 // queues those that disagree. It only enqueues: the workers act.
-func (c *Controller) periodicSync(ctx context.Context) {
+func (c *Controller) Resync(ctx context.Context) {
 	n := 0
 	for _, a := range c.actual.Attachments() {
 		if a.AttachmentName == "" {

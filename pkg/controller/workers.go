@@ -29,33 +29,36 @@ func process[T comparable](ctx context.Context, q workqueue.TypedRateLimitingInt
 	return true
 }
 
+// Process runs one item of the named queue (Queue*) through its sync, as a
+// worker does; it returns false once the queue is shut down. For drivers that
+// schedule the work themselves; Run starts workers that call it in a loop.
+func (c *Controller) Process(ctx context.Context, queue string) bool {
+	switch queue {
+	case QueuePods:
+		return process(ctx, c.podQueue, keyKV("pod"), c.syncPod)
+	case QueueNodes:
+		return process(ctx, c.nodeQueue, keyKV("node"), c.syncNode)
+	case QueueVolumeAttachments:
+		return process(ctx, c.attachmentQueue, keyKV("volumeAttachment"), c.syncAttachment)
+	case QueueNodeStatus:
+		return process(ctx, c.statusQueue, keyKV("node"), c.syncStatus)
+	case QueueVolumes:
+		return process(ctx, c.volumeQueue, volumeKV, c.syncVolume)
+	}
+	panic("unknown queue " + queue)
+}
+
+func volumeKV(k cache.Key) []any { return []any{"volume", k.Volume, "node", k.Node} }
+
 func keyKV(name string) func(string) []any {
 	return func(k string) []any { return []any{name, k} }
 }
 
-func (c *Controller) podWorker(ctx context.Context) {
-	for process(ctx, c.podQueue, keyKV("pod"), c.syncPod) {
-	}
-}
-
-func (c *Controller) nodeWorker(ctx context.Context) {
-	for process(ctx, c.nodeQueue, keyKV("node"), c.syncNode) {
-	}
-}
-
-func (c *Controller) attachmentWorker(ctx context.Context) {
-	for process(ctx, c.attachmentQueue, keyKV("volumeAttachment"), c.syncAttachment) {
-	}
-}
-
-func (c *Controller) statusWorker(ctx context.Context) {
-	for process(ctx, c.statusQueue, keyKV("node"), c.syncStatus) {
-	}
-}
-
-func (c *Controller) volumeWorker(ctx context.Context) {
-	kv := func(k cache.Key) []any { return []any{"volume", k.Volume, "node", k.Node} }
-	for process(ctx, c.volumeQueue, kv, c.syncVolume) {
+// worker processes the named queue until it shuts down.
+func (c *Controller) worker(queue string) func(context.Context) {
+	return func(ctx context.Context) {
+		for c.Process(ctx, queue) {
+		}
 	}
 }
 
@@ -69,6 +72,9 @@ func (c *Controller) syncStatus(ctx context.Context, node string) error {
 
 func (c *Controller) syncVolume(ctx context.Context, k cache.Key) error {
 	res, err := c.reconciler.Sync(ctx, k)
+	if res.Detached {
+		c.touch(k)
+	}
 	if res.WriteNodeStatus {
 		c.statusQueue.Add(k.Node)
 	}

@@ -132,7 +132,7 @@ func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time
 	if !d.Attachment.Withdrawn && (d.Attachment.Reported || d.Attachment.State == cache.Attached) {
 		return d.with(Withdraw, "no pod wants it; removing it from node %s status before the detach", k.Node)
 	}
-	if d.Attachment.Reported || r.actual.ReportInFlight(k.Node) {
+	if r.actual.ReportPending(k) {
 		return d.with(Wait, "waiting for node %s status to stop listing the volume before the detach", k.Node)
 	}
 	return d.with(Detach, "no pod wants it")

@@ -20,6 +20,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
@@ -67,6 +68,8 @@ type Config struct {
 	// DisableForceDetachOnTimeout keeps mounted volumes of unhealthy nodes
 	// attached however long it takes (the out-of-service taint still works).
 	DisableForceDetachOnTimeout bool
+	// Clock tells the time; nil: the real clock.
+	Clock clock.PassiveClock
 }
 
 // Result tells the caller what to schedule after a Sync.
@@ -75,6 +78,10 @@ type Result struct {
 	RequeueAfter time.Duration
 	// WriteNodeStatus asks for the node's status report to be rewritten.
 	WriteNodeStatus bool
+	// Detached says the volume's detach from the key's node completed
+	// within the call: its keys on every node (a pod elsewhere may wait for
+	// it) must be synced again.
+	Detached bool
 }
 
 // Reconciler drives the actual state towards the desired state.
@@ -91,12 +98,18 @@ type Reconciler struct {
 	// is posted once and not at every retry.
 	mu   sync.Mutex
 	told map[cache.Key]map[string]string
+
+	locks volumeLocks
 }
 
 // New returns a Reconciler. mechanisms maps each volume kind to the
 // mechanism that attaches it.
 func New(desired *cache.DesiredState, actual *cache.ActualState, mechanisms map[volume.Kind]Mechanism,
 	recorder record.EventRecorder, m *metrics.Metrics, cfg Config) *Reconciler {
+	now := time.Now
+	if cfg.Clock != nil {
+		now = cfg.Clock.Now
+	}
 	return &Reconciler{
 		desired:    desired,
 		actual:     actual,
@@ -104,17 +117,46 @@ func New(desired *cache.DesiredState, actual *cache.ActualState, mechanisms map[
 		recorder:   recorder,
 		metrics:    m,
 		cfg:        cfg,
-		now:        time.Now,
+		now:        now,
 		told:       map[cache.Key]map[string]string{},
 	}
 }
 
 // Sync reconciles one volume on one node.
+//
+// An attach of a single-node volume decides and acts under that volume's
+// lock (exclusive.go): a decision is taken again whenever the lock it needs
+// is not the one held.
 func (r *Reconciler) Sync(ctx context.Context, k cache.Key) (Result, error) {
 	logger := klog.FromContext(ctx)
-	now := r.now()
-	d := r.Decide(k, now)
-	logger.V(4).Info("Decided", "action", d.Action, "reason", d.Reason)
+	var held volume.Name
+	defer func() {
+		if held != "" {
+			r.locks.unlock(held)
+		}
+	}()
+	for {
+		now := r.now()
+		d := r.Decide(k, now)
+		if name := exclusiveName(d); name != held {
+			if held != "" {
+				r.locks.unlock(held)
+			}
+			if held = name; held != "" {
+				r.locks.lock(held)
+			}
+			continue
+		}
+		logger.V(4).Info("Decided", "action", d.Action, "reason", d.Reason)
+		return r.act(ctx, d, now, true)
+	}
+}
+
+// act carries out decision d. again allows one more decision in the same
+// call, after a withdraw that needs no node status write.
+func (r *Reconciler) act(ctx context.Context, d Decision, now time.Time, again bool) (Result, error) {
+	logger := klog.FromContext(ctx)
+	k := d.Key
 	switch d.Action {
 	case Nothing:
 		return r.settle(d), nil
@@ -141,7 +183,15 @@ func (r *Reconciler) Sync(ctx context.Context, k cache.Key) (Result, error) {
 			}
 		})
 		logger.V(2).Info("Removing volume from node status before detach", "reason", d.Reason)
-		return Result{WriteNodeStatus: true}, nil
+		if !again {
+			return Result{WriteNodeStatus: true}, nil
+		}
+		// When node.status does not list the volume and no write is under
+		// way, no write will happen and none will re-queue the key: the
+		// detach starts now. Otherwise the end of the write re-queues it.
+		res, err := r.act(ctx, r.Decide(k, now), now, false)
+		res.WriteNodeStatus = true
+		return res, err
 	case Detach:
 		return r.detach(ctx, d, now)
 	}
@@ -267,7 +317,7 @@ func (r *Reconciler) detach(ctx context.Context, d Decision, now time.Time) (Res
 		r.actual.Delete(d.Key)
 		r.metrics.ObserveOperation(volume.MetricPluginName(a.Volume), metrics.OperationDetach, migrated(a), true, now.Sub(a.DetachStarted))
 		r.forget(d.Key)
-		return Result{}, nil
+		return Result{Detached: true}, nil
 	}
 	r.actual.Update(d.Key, false, func(a *cache.Attachment) {
 		a.State = cache.Detaching

@@ -335,9 +335,39 @@ func TestSync(t *testing.T) {
 				{name: "withdraw", key: key(specA, node1), wantResult: Result{WriteNodeStatus: true}},
 				{name: "still reported", key: key(specA, node1)},
 				{name: "status written", before: func(e *env) { e.writeStatus(node1) }, key: key(specA, node1),
-					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
+					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}, wantResult: Result{Detached: true}},
 			},
 			wantActual: map[cache.Key]attView{},
+		},
+		{
+			// A previous leader withdrew it, or the pod went before the
+			// attach was ever reported: no status write will happen, so no
+			// write's end re-queues the key.
+			name:        "attached, not wanted, not in node status: withdraw and detach in one sync",
+			attachments: []cache.Attachment{attached(specA, node1, func(a *cache.Attachment) { a.Reported = false })},
+			detach:      map[volume.Name]detachReply{specA.Name: {done: true}},
+			steps: []step{
+				{key: key(specA, node1), wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"},
+					wantResult: Result{WriteNodeStatus: true, Detached: true}},
+			},
+			wantActual: map[cache.Key]attView{},
+		},
+		{
+			name: "attached, not wanted, not in node status, write in flight: withdraw waits for the write",
+			pods: []wants{{podA, node1, []*volume.Spec{specB}}},
+			attachments: []cache.Attachment{
+				attached(specA, node1, func(a *cache.Attachment) { a.Reported = false }),
+				attached(specB, node1, func(a *cache.Attachment) { a.Reported = false }),
+			},
+			detach: map[volume.Name]detachReply{specA.Name: {done: true}},
+			steps: []step{
+				{name: "write begun", before: func(e *env) { e.begin(node1) }, key: key(specA, node1),
+					wantResult: Result{WriteNodeStatus: true}},
+				{name: "write done, listing it", before: func(e *env) { e.end(node1, true) }, key: key(specA, node1)},
+				{name: "status written", before: func(e *env) { e.writeStatus(node1) }, key: key(specA, node1),
+					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}, wantResult: Result{Detached: true}},
+			},
+			wantActual: map[cache.Key]attView{key(specB, node1): {State: cache.Attached, Reported: true}},
 		},
 		{
 			name:        "withdrawn but still reported: detach waits",
@@ -356,7 +386,7 @@ func TestSync(t *testing.T) {
 			steps: []step{
 				{name: "write begun", before: func(e *env) { e.begin(node1) }, key: key(specA, node1)},
 				{name: "write done", before: func(e *env) { e.end(node1, true) }, key: key(specA, node1),
-					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
+					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}, wantResult: Result{Detached: true}},
 			},
 			wantActual: map[cache.Key]attView{key(specB, node1): {State: cache.Attached, Reported: true}},
 		},
@@ -369,7 +399,7 @@ func TestSync(t *testing.T) {
 			steps: []step{
 				{name: "write failed", before: func(e *env) { e.begin(node1); e.end(node1, false) }, key: key(specA, node1)},
 				{name: "write done", before: func(e *env) { e.writeStatus(node1) }, key: key(specA, node1),
-					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
+					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}, wantResult: Result{Detached: true}},
 			},
 			wantActual: map[cache.Key]attView{},
 		},
@@ -399,7 +429,7 @@ func TestSync(t *testing.T) {
 				Withdrawn: true, DetachWanted: t0}},
 			detach: map[volume.Name]detachReply{iscsiName: {done: true}},
 			steps: []step{
-				{key: cache.Key{Volume: iscsiName, Node: node1}, wantCalls: []string{"in-tree detach " + string(iscsiName) + "@node-1"}},
+				{key: cache.Key{Volume: iscsiName, Node: node1}, wantCalls: []string{"in-tree detach " + string(iscsiName) + "@node-1"}, wantResult: Result{Detached: true}},
 			},
 			wantActual: map[cache.Key]attView{},
 		},
@@ -423,7 +453,7 @@ func TestSync(t *testing.T) {
 				{advance: 2 * time.Minute, key: key(specA, node1), wantResult: Result{RequeueAfter: 4 * time.Minute}},
 				{name: "withdraw", advance: 4 * time.Minute, key: key(specA, node1), wantResult: Result{WriteNodeStatus: true}},
 				{name: "status written", before: func(e *env) { e.writeStatus(node1) }, key: key(specA, node1),
-					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
+					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}, wantResult: Result{Detached: true}},
 			},
 			wantActual: map[cache.Key]attView{},
 			wantForced: map[string]float64{ForceTimeout: 1},
@@ -449,7 +479,7 @@ func TestSync(t *testing.T) {
 				{key: key(specA, node1), wantResult: Result{RequeueAfter: 6 * time.Minute}},
 				{name: "withdraw", advance: 6 * time.Minute, key: key(specA, node1), wantResult: Result{WriteNodeStatus: true}},
 				{name: "status written", before: func(e *env) { e.writeStatus(node1) }, key: key(specA, node1),
-					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
+					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}, wantResult: Result{Detached: true}},
 			},
 			wantActual: map[cache.Key]attView{},
 			wantForced: map[string]float64{ForceTimeout: 1},
@@ -463,7 +493,7 @@ func TestSync(t *testing.T) {
 			steps: []step{
 				{name: "withdraw", key: key(specA, node1), wantResult: Result{WriteNodeStatus: true}},
 				{name: "status written", before: func(e *env) { e.writeStatus(node1) }, key: key(specA, node1),
-					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
+					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}, wantResult: Result{Detached: true}},
 			},
 			wantActual: map[cache.Key]attView{},
 			wantForced: map[string]float64{ForceOutOfService: 1},

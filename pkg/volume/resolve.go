@@ -167,13 +167,19 @@ func setOrigin(spec *Spec, src Source) {
 	spec.ReadOnly = inlineReadOnly(&src.Inline.VolumeSource)
 }
 
+// singleNodeModes is upstream's IsMultiAttachAllowed for a PV, negated: a
+// PV may attach to many nodes as soon as it lists ReadWriteMany or
+// ReadOnlyMany (whatever else it lists), or lists no mode at all.
 func singleNodeModes(modes []v1.PersistentVolumeAccessMode) bool {
+	if len(modes) == 0 {
+		return false
+	}
 	for _, m := range modes {
-		if m == v1.ReadWriteOnce || m == v1.ReadWriteOncePod {
-			return true
+		if m == v1.ReadWriteMany || m == v1.ReadOnlyMany {
+			return false
 		}
 	}
-	return false
+	return true
 }
 
 func pvReadOnly(s *v1.PersistentVolumeSource) bool {

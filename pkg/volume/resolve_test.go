@@ -30,6 +30,8 @@ func TestResolve(t *testing.T) {
 	csiPV := pvWith(v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: "d.example.com", VolumeHandle: "h1", ReadOnly: true}}, rwo)
 	csiPVRWX := pvWith(v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: "d.example.com", VolumeHandle: "h1"}}, rwx, rox)
 	csiPVRWOP := pvWith(v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: "d.example.com", VolumeHandle: "h1"}}, rwop)
+	csiPVRWOROX := pvWith(v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: "d.example.com", VolumeHandle: "h1"}}, rwo, rox)
+	csiPVRWOPRWX := pvWith(v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: "d.example.com", VolumeHandle: "h1"}}, rwop, rwx)
 	csiPVNoModes := pvWith(v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: "d.example.com", VolumeHandle: "h1"}})
 	ebsPV := pvWith(v1.PersistentVolumeSource{AWSElasticBlockStore: &v1.AWSElasticBlockStoreVolumeSource{VolumeID: "vol-abc"}}, rwo)
 	ebsPVZoned := pvWith(v1.PersistentVolumeSource{AWSElasticBlockStore: &v1.AWSElasticBlockStoreVolumeSource{VolumeID: "aws://us-east-1a/vol-abc"}}, rox)
@@ -82,6 +84,18 @@ func TestResolve(t *testing.T) {
 			name: "csi pv rwop is single-node", src: Source{PV: csiPVRWOP}, decider: &fakeDecider{},
 			want: &Spec{Name: "kubernetes.io/csi/d.example.com^h1", Kind: KindCSI, PluginName: CSIPluginName,
 				Driver: "d.example.com", VolumeHandle: "h1", PVName: "pv-1", PV: csiPVRWOP, SingleNode: true},
+		},
+		{
+			// Upstream's IsMultiAttachAllowed: any RWX or ROX allows it,
+			// whatever else the PV lists (a static PV shared read-only).
+			name: "csi pv rwo+rox is multi-node", src: Source{PV: csiPVRWOROX}, decider: &fakeDecider{},
+			want: &Spec{Name: "kubernetes.io/csi/d.example.com^h1", Kind: KindCSI, PluginName: CSIPluginName,
+				Driver: "d.example.com", VolumeHandle: "h1", PVName: "pv-1", PV: csiPVRWOROX},
+		},
+		{
+			name: "csi pv rwop+rwx is multi-node", src: Source{PV: csiPVRWOPRWX}, decider: &fakeDecider{},
+			want: &Spec{Name: "kubernetes.io/csi/d.example.com^h1", Kind: KindCSI, PluginName: CSIPluginName,
+				Driver: "d.example.com", VolumeHandle: "h1", PVName: "pv-1", PV: csiPVRWOPRWX},
 		},
 		{
 			name: "csi pv without access modes is multi-node", src: Source{PV: csiPVNoModes}, decider: &fakeDecider{},
