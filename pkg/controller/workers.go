@@ -75,6 +75,9 @@ func (c *Controller) syncVolume(ctx context.Context, k cache.Key) error {
 	if res.Detached {
 		c.touch(k)
 	}
+	for _, w := range res.Wake {
+		c.volumeQueue.Add(w)
+	}
 	if res.WriteNodeStatus {
 		c.statusQueue.Add(k.Node)
 	}

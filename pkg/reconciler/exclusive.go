@@ -4,6 +4,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
@@ -12,39 +13,40 @@ import (
 // syncing the volume on two nodes at once would otherwise both find it
 // attached nowhere and both attach it. Unrelated volumes never wait on each
 // other, and volumes that may attach to many nodes take no lock.
+//
+// A worker never blocks on another's lock (it would sit idle for the
+// holder's API call): the key that finds the volume busy is recorded, and
+// the holder's release hands it back to be synced again.
 type volumeLocks struct {
 	mu   sync.Mutex
-	held map[volume.Name]*volumeLock
+	held map[volume.Name][]cache.Key // the keys that found it busy
 }
 
-type volumeLock struct {
-	sync.Mutex
-	refs int
-}
-
-func (l *volumeLocks) lock(name volume.Name) {
+// tryLock takes the lock of name for k, or records k as waiting for it.
+func (l *volumeLocks) tryLock(name volume.Name, k cache.Key) bool {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.held == nil {
-		l.held = map[volume.Name]*volumeLock{}
+		l.held = map[volume.Name][]cache.Key{}
 	}
-	vl := l.held[name]
-	if vl == nil {
-		vl = &volumeLock{}
-		l.held[name] = vl
+	waiters, busy := l.held[name]
+	if busy {
+		if !slices.Contains(waiters, k) {
+			l.held[name] = append(waiters, k)
+		}
+		return false
 	}
-	vl.refs++
-	l.mu.Unlock()
-	vl.Lock()
+	l.held[name] = nil
+	return true
 }
 
-func (l *volumeLocks) unlock(name volume.Name) {
+// unlock releases name and returns the keys that waited for it.
+func (l *volumeLocks) unlock(name volume.Name) []cache.Key {
 	l.mu.Lock()
-	vl := l.held[name]
-	if vl.refs--; vl.refs == 0 {
-		delete(l.held, name)
-	}
-	l.mu.Unlock()
-	vl.Unlock()
+	defer l.mu.Unlock()
+	waiters := l.held[name]
+	delete(l.held, name)
+	return waiters
 }
 
 // exclusiveName is the name a decision must hold the volume's lock under

@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -36,13 +37,14 @@ func (g *gateMechanism) Attach(_ context.Context, spec *volume.Spec, node string
 func (g *gateMechanism) Detach(context.Context, cache.Attachment) (bool, error) { return false, nil }
 
 // Two workers sync one ReadWriteOnce volume on two nodes at the same time:
-// the second must see the first one's attach, never start its own.
+// the second must not attach while the first is attaching, must not block
+// either, and is handed back when the first is done; it then finds the
+// volume attached elsewhere.
 func TestSingleNodeAttachIsExclusiveAcrossWorkers(t *testing.T) {
 	for _, tc := range []struct {
-		name       string
-		spec       *volume.Spec
-		wantCalls  int
-		secondKind string
+		name      string
+		spec      *volume.Spec
+		wantCalls int
 	}{
 		{name: "ReadWriteOnce", spec: specA, wantCalls: 1},
 		{name: "ReadWriteMany attaches on both at once", spec: specX, wantCalls: 2},
@@ -58,27 +60,48 @@ func TestSingleNodeAttachIsExclusiveAcrossWorkers(t *testing.T) {
 			g := &gateMechanism{entered: make(chan cache.Key, 2), release: make(chan struct{})}
 			r := New(desired, actual, map[volume.Kind]Mechanism{volume.KindCSI: g}, record.NewFakeRecorder(10), metrics.New(),
 				Config{MaxWaitForUnmount: time.Minute})
+			k1, k2 := key(tc.spec, node1), key(tc.spec, node2)
 
-			var wg sync.WaitGroup
-			wg.Go(func() { _, _ = r.Sync(ctx, key(tc.spec, node1)) })
+			first := make(chan Result, 1)
+			go func() {
+				res, _ := r.Sync(ctx, k1)
+				first <- res
+			}()
 			<-g.entered // the first worker is inside its attach
-			wg.Go(func() { _, _ = r.Sync(ctx, key(tc.spec, node2)) })
-			// Without exclusion the second worker reaches Attach at once;
-			// with it, it waits for the first to record its attach.
+			second := make(chan Result, 1)
+			go func() {
+				res, _ := r.Sync(ctx, k2)
+				second <- res
+			}()
+			var res2 Result
 			select {
-			case <-g.entered:
-			case <-time.After(500 * time.Millisecond):
+			case res2 = <-second:
+			case k := <-g.entered:
+				if tc.wantCalls == 1 {
+					close(g.release)
+					t.Fatalf("second worker attached %s while the first was attaching", k)
+				}
+				close(g.release)
+				res2 = <-second
 			}
-			close(g.release)
-			wg.Wait()
+			if tc.wantCalls == 1 {
+				close(g.release)
+			}
+			res1 := <-first
 			if len(g.calls) != tc.wantCalls {
 				t.Fatalf("attach calls %v, want %d", g.calls, tc.wantCalls)
 			}
-			if tc.wantCalls == 1 {
-				d := r.Decide(key(tc.spec, node2), time.Now())
-				if d.Action != Blocked || len(d.Elsewhere) != 1 {
-					t.Errorf("second node: %s, want blocked by the first", d)
-				}
+			if tc.wantCalls == 2 {
+				return
+			}
+			if !reflect.DeepEqual(res2, Result{}) {
+				t.Errorf("second sync result %+v, want nothing done", res2)
+			}
+			if !reflect.DeepEqual(res1.Wake, []cache.Key{k2}) {
+				t.Errorf("first sync wakes %v, want the key that found the volume busy: %v", res1.Wake, k2)
+			}
+			if d := r.Decide(k2, time.Now()); d.Action != Blocked || len(d.Elsewhere) != 1 {
+				t.Errorf("second node, synced again: %s, want blocked by the first", d)
 			}
 		})
 	}

@@ -82,6 +82,9 @@ type Result struct {
 	// within the call: its keys on every node (a pod elsewhere may wait for
 	// it) must be synced again.
 	Detached bool
+	// Wake lists keys to sync again: they found the volume busy while this
+	// call held it.
+	Wake []cache.Key
 }
 
 // Reconciler drives the actual state towards the desired state.
@@ -126,25 +129,31 @@ func New(desired *cache.DesiredState, actual *cache.ActualState, mechanisms map[
 //
 // An attach of a single-node volume decides and acts under that volume's
 // lock (exclusive.go): a decision is taken again whenever the lock it needs
-// is not the one held.
-func (r *Reconciler) Sync(ctx context.Context, k cache.Key) (Result, error) {
+// is not the one held. A key that finds the lock taken does nothing: the
+// holder's Result.Wake hands it back.
+func (r *Reconciler) Sync(ctx context.Context, k cache.Key) (res Result, err error) {
 	logger := klog.FromContext(ctx)
 	var held volume.Name
+	var wake []cache.Key
 	defer func() {
 		if held != "" {
-			r.locks.unlock(held)
+			wake = append(wake, r.locks.unlock(held)...)
 		}
+		res.Wake = append(res.Wake, wake...)
 	}()
 	for {
 		now := r.now()
 		d := r.Decide(k, now)
 		if name := exclusiveName(d); name != held {
 			if held != "" {
-				r.locks.unlock(held)
+				wake = append(wake, r.locks.unlock(held)...)
+				held = ""
 			}
-			if held = name; held != "" {
-				r.locks.lock(held)
+			if name != "" && !r.locks.tryLock(name, k) {
+				logger.V(4).Info("Volume busy on another node; synced again when that is done")
+				return Result{}, nil
 			}
+			held = name
 			continue
 		}
 		logger.V(4).Info("Decided", "action", d.Action, "reason", d.Reason)
