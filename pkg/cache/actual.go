@@ -7,6 +7,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
@@ -77,7 +78,16 @@ type NodeInfo struct {
 	OutOfService bool
 	// InUse is node.status.volumesInUse: the volumes the node has mounted.
 	InUse map[volume.Name]bool
+	// ResourceVersion is the Node object's these facts come from.
+	ResourceVersion string
+	// Seen: a Node object was read (SetNode). Of a node never seen (its
+	// object gone before this controller started) nothing is known:
+	// everything attached there may be mounted.
+	Seen bool
 }
+
+// Mounted reports whether the volume may be mounted on the node.
+func (n NodeInfo) Mounted(v volume.Name) bool { return !n.Seen || n.InUse[v] }
 
 // Healthy reports whether the node exists and is Ready.
 func (n NodeInfo) Healthy() bool { return n.Exists && n.Ready }
@@ -201,16 +211,22 @@ func (a *ActualState) gcNodeLocked(name string) {
 	}
 }
 
-// SetNode records what the Node object says. It returns the keys of the
-// node's attachments whose decision may change: all of them when readiness,
-// management or the out-of-service taint changed, else those whose in-use
-// flag changed.
+// SetNode records what the Node object says, unless the controller already
+// knows a newer version of it. It returns the keys of the node's attachments
+// whose decision may change: all of them when readiness, management or the
+// out-of-service taint changed, else those whose in-use flag changed.
 func (a *ActualState) SetNode(name string, info NodeInfo) []Key {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	info.Exists = true
+	info.Exists, info.Seen = true, true
 	n := a.nodeLocked(name)
 	old := n.info
+	if old.Exists && older(info.ResourceVersion, old.ResourceVersion) {
+		// An informer event older than what the controller already knows
+		// (the answer of its own status write): what kubelet had mounted
+		// then must not replace what it has mounted now.
+		return nil
+	}
 	n.info = info
 	all := old.Exists != info.Exists || old.Managed != info.Managed || old.Ready != info.Ready ||
 		old.OutOfService != info.OutOfService
@@ -223,9 +239,26 @@ func (a *ActualState) SetNode(name string, info NodeInfo) []Key {
 	return keys
 }
 
+// Stale reports whether resourceVersion is older than the version of the
+// node's object the controller already knows.
+func (a *ActualState) Stale(node, resourceVersion string) bool {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	n := a.nodes[node]
+	return n != nil && n.info.Exists && older(resourceVersion, n.info.ResourceVersion)
+}
+
+// older reports whether resource version a is older than b (both of one
+// Node); unknown or malformed versions are never older.
+func older(a, b string) bool {
+	c, err := resourceversion.CompareResourceVersion(a, b)
+	return err == nil && c < 0
+}
+
 // DeleteNode records that the Node object is gone. Its last known in-use
 // list is kept: a volume mounted on a vanished node is still treated as
-// mounted until the max wait for unmount has passed.
+// mounted until the max wait for unmount has passed, out-of-service taint or
+// not.
 func (a *ActualState) DeleteNode(name string) []Key {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -235,6 +268,9 @@ func (a *ActualState) DeleteNode(name string) []Key {
 	}
 	n.info.Exists = false
 	n.info.Ready = false
+	// A deleted node carries no taint: its mounted volumes wait the max
+	// wait for unmount, as upstream (which reads the taint from the Node).
+	n.info.OutOfService = false
 	keys := make([]Key, 0, len(n.attachments))
 	for v := range n.attachments {
 		keys = append(keys, Key{Volume: v, Node: name})
@@ -381,6 +417,29 @@ func (a *ActualState) ReportPending(k Key) bool {
 	return n.writing || (at != nil && at.Reported)
 }
 
+// BeginDetach marks the detach of the volume at k as started, unless
+// node.status may still list it (it was reported, or a write of the node's
+// status is under way): then it returns false and changes nothing. Once
+// started, the volume is out of every later report. Checking and marking
+// under one lock keeps a report from taking the volume in between.
+func (a *ActualState) BeginDetach(k Key, now time.Time) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := a.nodes[k.Node]
+	at := a.volumes[k.Volume][k.Node]
+	if at == nil {
+		return false
+	}
+	if at.Reported || (n != nil && n.writing) {
+		return false
+	}
+	at.Withdrawn = true
+	if at.DetachStarted.IsZero() {
+		at.DetachStarted = now
+	}
+	return true
+}
+
 // ReportInFlight reports whether a node.status write for node is under way.
 func (a *ActualState) ReportInFlight(node string) bool {
 	a.mu.RLock()
@@ -398,6 +457,10 @@ func (a *ActualState) Reported(node string) []v1.AttachedVolume {
 	if n == nil {
 		return nil
 	}
+	return a.reportedLocked(n)
+}
+
+func (a *ActualState) reportedLocked(n *nodeEntry) []v1.AttachedVolume {
 	var out []v1.AttachedVolume
 	for _, at := range n.attachments {
 		if at.Reported {
@@ -420,8 +483,12 @@ func (a *ActualState) Stats() map[string]int {
 }
 
 // ObserveReport records what node.status.volumesAttached says when it
-// differs from what the controller believes it wrote (someone else wrote it):
-// the Reported flags follow the object, so that the next write corrects it.
+// differs from what the controller believes it wrote (someone else wrote
+// it, or the object is older than the controller's last write): the next
+// write must make it right. A volume the object lists counts as reported
+// (its detach waits for that write); one it does not list keeps its flag,
+// since the object may predate a write that listed it, and only a confirmed
+// write of the controller's own clears it.
 func (a *ActualState) ObserveReport(node string, seen []v1.AttachedVolume) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -429,18 +496,15 @@ func (a *ActualState) ObserveReport(node string, seen []v1.AttachedVolume) {
 	if n == nil || n.writing {
 		return
 	}
-	in := make(map[volume.Name]bool, len(seen))
-	for _, r := range seen {
-		name := volume.Name(r.Name)
-		// A volume the controller does not know, one listed twice, or one
-		// with another device path: only a write corrects it, since the
-		// Reported flags alone would show no change.
-		if at, known := n.attachments[name]; !known || in[name] || at.DevicePath != r.DevicePath {
-			n.dirty = true
-		}
-		in[name] = true
+	seen = slices.Clone(seen)
+	slices.SortFunc(seen, func(x, y v1.AttachedVolume) int { return strings.Compare(string(x.Name), string(y.Name)) })
+	if slices.Equal(seen, a.reportedLocked(n)) {
+		return
 	}
-	for v, at := range n.attachments {
-		at.Reported = in[v]
+	n.dirty = true
+	for _, r := range seen {
+		if at := n.attachments[volume.Name(r.Name)]; at != nil {
+			at.Reported = true
+		}
 	}
 }

@@ -177,7 +177,7 @@ func TestActualStateSetNode(t *testing.T) {
 			}
 			info, ok := a.Node("n1")
 			want := tt.after
-			want.Exists = true
+			want.Exists, want.Seen = true, true
 			if !ok || !reflect.DeepEqual(info, want) {
 				t.Errorf("Node(n1) = %+v, %v; want %+v", info, ok, want)
 			}
@@ -200,7 +200,7 @@ func TestActualStateDeleteNode(t *testing.T) {
 			attachments: []Key{k(volA, "n1"), k(volB, "n1"), k(volA, "n2")},
 			seen:        true,
 			want:        []Key{k(volA, "n1"), k(volB, "n1")},
-			wantInfo:    &NodeInfo{Exists: false, Managed: true, Ready: false, OutOfService: true, InUse: map[volume.Name]bool{volA: true}},
+			wantInfo:    &NodeInfo{Exists: false, Managed: true, Ready: false, OutOfService: false, Seen: true, InUse: map[volume.Name]bool{volA: true}},
 		},
 		{
 			name:        "second delete touches nothing",
@@ -208,7 +208,7 @@ func TestActualStateDeleteNode(t *testing.T) {
 			seen:        true,
 			deleteTwice: true,
 			want:        nil,
-			wantInfo:    &NodeInfo{Exists: false, Managed: true, Ready: false, OutOfService: true, InUse: map[volume.Name]bool{volA: true}},
+			wantInfo:    &NodeInfo{Exists: false, Managed: true, Ready: false, OutOfService: false, Seen: true, InUse: map[volume.Name]bool{volA: true}},
 		},
 		{name: "nothing attached: node forgotten", seen: true, want: []Key{}, wantInfo: nil},
 		{name: "never seen", attachments: []Key{k(volA, "n1")}, want: nil, wantInfo: &NodeInfo{}},
@@ -446,9 +446,23 @@ func TestActualStateReport(t *testing.T) {
 			name:        "reported volume missing from node status",
 			attachments: []Attachment{{Key: kA, State: Attached, Reported: true}, {Key: kB, State: Uncertain}},
 			steps: []step{
-				{observe: []v1.AttachedVolume{av(volB, "")}, wantReported: []v1.AttachedVolume{av(volB, "")}},
+				// The object may predate a write that listed A: A stays
+				// reported, B (listed) counts as reported until written.
+				{observe: []v1.AttachedVolume{av(volB, "")}, wantReported: []v1.AttachedVolume{av(volA, ""), av(volB, "")}},
 				{begin: true, wantList: []v1.AttachedVolume{av(volA, "")}, wantChanged: true, wantInFlight: true},
-				{end: true, ok: true, wantKeys: []Key{kA, kB}, wantReported: []v1.AttachedVolume{av(volA, "")}},
+				{end: true, ok: true, wantKeys: []Key{kB}, wantReported: []v1.AttachedVolume{av(volA, "")}},
+			},
+		},
+		{
+			// An informer event older than the controller's last write
+			// must not make a withdrawn volume look unlisted: its detach
+			// would start while the node status may still list it.
+			name:        "stale observation never clears reported",
+			attachments: []Attachment{{Key: kA, State: Attached, Reported: true, Withdrawn: true}},
+			steps: []step{
+				{observe: nil, wantReported: []v1.AttachedVolume{av(volA, "")}},
+				{begin: true, wantList: nil, wantChanged: true, wantInFlight: true},
+				{end: true, ok: true, wantKeys: []Key{kA}, wantReported: nil},
 			},
 		},
 		{

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -137,6 +138,7 @@ type Controller struct {
 	csiDrivers      storagelisters.CSIDriverLister
 	attachments     storagelisters.VolumeAttachmentLister
 	attachmentIndex toolscache.Indexer
+	pvIndex         toolscache.Indexer
 	synced          []toolscache.InformerSynced
 
 	desired    *cache.DesiredState
@@ -155,6 +157,9 @@ type Controller struct {
 	// re-synced many times is told once.
 	mu       sync.Mutex
 	problems map[string]map[string]string
+	// goneNodes holds the last state of deleted Node objects until their
+	// sync: what they had mounted then, which the lister no longer knows.
+	goneNodes map[string]*v1.Node
 }
 
 // New wires a Controller. Nothing runs until Run.
@@ -176,6 +181,7 @@ func New(cfg Config) (*Controller, error) {
 		desired:   cache.NewDesiredState(),
 		actual:    cache.NewActualState(),
 		problems:  map[string]map[string]string{},
+		goneNodes: map[string]*v1.Node{},
 	}
 	if c.informers == nil {
 		c.informers = NewInformers(cfg.Client, cfg.Dynamic, cfg.CSINodeInfoInstalled)
@@ -187,10 +193,14 @@ func New(cfg Config) (*Controller, error) {
 	if err := inf.VolumeAttachments.AddIndexers(toolscache.Indexers{indexByPV: attachmentPVIndex}); err != nil {
 		return nil, fmt.Errorf("add VolumeAttachment indexer: %w", err)
 	}
+	if err := inf.PVs.AddIndexers(toolscache.Indexers{indexByClaimRef: pvClaimRefIndex}); err != nil {
+		return nil, fmt.Errorf("add PersistentVolume indexer: %w", err)
+	}
+	c.pvIndex = inf.PVs.GetIndexer()
 	c.podIndex = inf.Pods.GetIndexer()
 	c.pods = corelisters.NewPodLister(c.podIndex)
 	c.pvcs = corelisters.NewPersistentVolumeClaimLister(inf.PVCs.GetIndexer())
-	c.pvs = corelisters.NewPersistentVolumeLister(inf.PVs.GetIndexer())
+	c.pvs = corelisters.NewPersistentVolumeLister(c.pvIndex)
 	c.nodes = corelisters.NewNodeLister(inf.Nodes.GetIndexer())
 	c.csiDrivers = storagelisters.NewCSIDriverLister(inf.CSIDrivers.GetIndexer())
 	c.attachmentIndex = inf.VolumeAttachments.GetIndexer()
@@ -213,7 +223,7 @@ func New(cfg Config) (*Controller, error) {
 		volume.KindCSI:    mechanism.NewCSI(cfg.Client, c.attachments),
 		volume.KindInTree: mechanism.NewInTree(cfg.InTree),
 	}, cfg.Recorder, cfg.Metrics, cfg.Reconciler)
-	c.writer = nodestatus.NewWriter(cfg.Client, c.nodes, c.actual)
+	c.writer = nodestatus.NewWriter(cfg.Client, c.nodes, c.actual, NodeInfo)
 
 	if err := c.addHandlers(); err != nil {
 		return nil, err

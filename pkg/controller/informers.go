@@ -15,6 +15,8 @@ const (
 	indexByNode  = "byNode"
 	indexByClaim = "byClaim"
 	indexByPV    = "byPV"
+	// indexByClaimRef indexes PVs by the claim they are bound to.
+	indexByClaimRef = "byClaimRef"
 )
 
 // Trim keeps in the informer caches only what the controller reads: pods and
@@ -187,7 +189,7 @@ func (c *Controller) addHandlers() error {
 		{inf.Nodes, toolscache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { c.nodeChanged(nil, obj) },
 			UpdateFunc: c.nodeChanged,
-			DeleteFunc: func(obj any) { c.nodeChanged(nil, obj) },
+			DeleteFunc: c.nodeDeleted,
 		}},
 		{inf.VolumeAttachments, enqueue(c.attachmentQueue)},
 		{inf.PVCs, objectHandler(func(obj any) {
@@ -233,6 +235,21 @@ func (c *Controller) nodeChanged(oldObj, obj any) {
 	}
 }
 
+// nodeDeleted queues the node with its last state: the updates before the
+// delete may not have been synced, and what the node had mounted last
+// decides whether its volumes may be detached before the max wait.
+func (c *Controller) nodeDeleted(obj any) {
+	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	if n, ok := obj.(*v1.Node); ok {
+		c.mu.Lock()
+		c.goneNodes[n.Name] = n
+		c.mu.Unlock()
+	}
+	c.nodeChanged(nil, obj)
+}
+
 // sameNodeFacts compares trimmed nodes: what is left is what matters.
 func sameNodeFacts(a, b *v1.Node) bool {
 	a2, b2 := a.DeepCopy(), b.DeepCopy()
@@ -276,6 +293,14 @@ func (c *Controller) attachmentsOfPV(pv string) []string {
 		}
 	}
 	return names
+}
+
+func pvClaimRefIndex(obj any) ([]string, error) {
+	pv, ok := obj.(*v1.PersistentVolume)
+	if !ok || pv.Spec.ClaimRef == nil {
+		return nil, nil
+	}
+	return []string{pv.Spec.ClaimRef.Namespace + "/" + pv.Spec.ClaimRef.Name}, nil
 }
 
 func attachmentPVIndex(obj any) ([]string, error) {

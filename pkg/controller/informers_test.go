@@ -101,7 +101,7 @@ func TestNodeInfo(t *testing.T) {
 	if !trimmed.Status.Conditions[0].LastHeartbeatTime.IsZero() {
 		t.Errorf("heartbeat kept: a heartbeat would re-queue the node")
 	}
-	info := nodeInfo(trimmed)
+	info := NodeInfo(trimmed)
 	if !info.Exists || !info.Managed || !info.Ready || !info.OutOfService || !info.InUse[volume.Name("kubernetes.io/csi/d^h")] {
 		t.Errorf("nodeInfo = %+v", info)
 	}

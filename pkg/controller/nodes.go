@@ -20,7 +20,15 @@ const outOfServiceTaint = "node.kubernetes.io/out-of-service"
 func (c *Controller) syncNode(ctx context.Context, name string) error {
 	old, known := c.actual.Node(name)
 	node, err := c.nodes.Get(name)
+	c.mu.Lock()
+	last := c.goneNodes[name]
+	delete(c.goneNodes, name)
+	c.mu.Unlock()
 	if apierrors.IsNotFound(err) {
+		if last != nil {
+			// What the node had mounted when it went, not when last synced.
+			c.actual.SetNode(name, NodeInfo(last))
+		}
 		c.touch(c.actual.DeleteNode(name)...)
 		c.enqueuePods(indexByNode, name)
 		return nil
@@ -28,7 +36,11 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("get node %s: %w", name, err)
 	}
-	info := nodeInfo(node)
+	if c.actual.Stale(name, node.ResourceVersion) {
+		// Older than the answer of the controller's own status write.
+		return nil
+	}
+	info := NodeInfo(node)
 	touched := c.actual.SetNode(name, info)
 	if !known || !old.Exists || old.Managed != info.Managed {
 		c.enqueuePods(indexByNode, name)
@@ -42,8 +54,9 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	return nil
 }
 
-func nodeInfo(node *v1.Node) cache.NodeInfo {
-	info := cache.NodeInfo{Exists: true, InUse: map[volume.Name]bool{}}
+// NodeInfo is what the controller reads of a Node.
+func NodeInfo(node *v1.Node) cache.NodeInfo {
+	info := cache.NodeInfo{Exists: true, ResourceVersion: node.ResourceVersion, InUse: map[volume.Name]bool{}}
 	_, info.Managed = node.Annotations[managedAnnotation]
 	for _, c := range node.Status.Conditions {
 		if c.Type == v1.NodeReady {

@@ -116,9 +116,16 @@ func (c *Controller) podVolumes(ctx context.Context, pod *v1.Pod) []cache.PodVol
 			logger.V(4).Info("Volume not ready to attach", "volume", vol.Name, "reason", err)
 		case errors.Is(err, volume.ErrNotAttachable):
 		case err != nil:
-			if len(had[vol.Name]) == 0 {
-				c.reportProblem(pod, vol.Name, err)
+			if len(had[vol.Name]) > 0 {
+				break
 			}
+			if former := c.formerVolume(ctx, pod, vol); former != nil {
+				vols = append(vols, cache.PodVolume{Name: vol.Name, Spec: former})
+				c.reportProblemEvent(pod, vol.Name, "VolumeKeptAttached", fmt.Sprintf(
+					"volume %q stays attached as %s until the pod terminates, but it can no longer be resolved: %s", vol.Name, former.Name, err))
+				break
+			}
+			c.reportProblem(pod, vol.Name, err)
 		case spec != nil:
 			vols = append(vols, cache.PodVolume{Name: vol.Name, Spec: spec})
 		}
@@ -131,6 +138,36 @@ func (c *Controller) podVolumes(ctx context.Context, pod *v1.Pod) []cache.PodVol
 	}
 	c.clearProblems(pod, seen)
 	return vols
+}
+
+// formerVolume finds, for a pod volume whose claim is gone, the volume the
+// pod had before a restart made the controller forget it: the PV still bound
+// to a claim of that name, when it is attached to the pod's node.
+func (c *Controller) formerVolume(ctx context.Context, pod *v1.Pod, vol *v1.Volume) *volume.Spec {
+	claim := claimName(pod, vol)
+	if claim == "" {
+		return nil
+	}
+	objs, err := c.pvIndex.ByIndex(indexByClaimRef, pod.Namespace+"/"+claim)
+	if err != nil {
+		return nil
+	}
+	for _, obj := range objs {
+		pv, ok := obj.(*v1.PersistentVolume)
+		if !ok {
+			continue
+		}
+		spec, err := volume.Resolve(klog.FromContext(ctx), volume.Source{PV: pv, PodNamespace: pod.Namespace}, pod.Spec.NodeName, c.nodeView.Decide)
+		if err != nil {
+			continue
+		}
+		for _, name := range spec.AllNames() {
+			if _, attached := c.actual.Get(cache.Key{Volume: name, Node: pod.Spec.NodeName}); attached {
+				return spec
+			}
+		}
+	}
+	return nil
 }
 
 // sharesName reports whether two specs name one volume (a migratable volume

@@ -25,11 +25,15 @@ type Writer struct {
 	client kubernetes.Interface
 	nodes  corelisters.NodeLister
 	actual *cache.ActualState
+	facts  func(*v1.Node) cache.NodeInfo
 }
 
-// NewWriter returns a Writer.
-func NewWriter(client kubernetes.Interface, nodes corelisters.NodeLister, actual *cache.ActualState) *Writer {
-	return &Writer{client: client, nodes: nodes, actual: actual}
+// NewWriter returns a Writer. facts reads the node facts of the Node a
+// status write returns: the newest the controller can know, at least as new
+// as the write (kubelet may have mounted a volume just before a withdraw
+// landed; only that answer is sure to say so).
+func NewWriter(client kubernetes.Interface, nodes corelisters.NodeLister, actual *cache.ActualState, facts func(*v1.Node) cache.NodeInfo) *Writer {
+	return &Writer{client: client, nodes: nodes, actual: actual, facts: facts}
 }
 
 // Sync writes the node's report if it changed. It returns the keys whose
@@ -48,7 +52,7 @@ func (w *Writer) Sync(ctx context.Context, node string) ([]cache.Key, error) {
 	if err != nil {
 		return w.actual.EndReport(node, want, false), err
 	}
-	_, err = w.client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
+	written, err := w.client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
 	switch {
 	case apierrors.IsNotFound(err):
 		return w.actual.EndReport(node, nil, true), nil
@@ -56,7 +60,10 @@ func (w *Writer) Sync(ctx context.Context, node string) ([]cache.Key, error) {
 		return w.actual.EndReport(node, want, false), fmt.Errorf("patch node %s status: %w", node, err)
 	}
 	klog.FromContext(ctx).V(2).Info("Updated node status", "volumesAttached", len(want))
-	return w.actual.EndReport(node, want, true), nil
+	// The node's facts as of the write first: a withdrawn volume's detach
+	// must see a mount reported before the write.
+	keys := w.actual.SetNode(node, w.facts(written))
+	return append(keys, w.actual.EndReport(node, want, true)...), nil
 }
 
 // Patch returns the merge patch that sets node.status.volumesAttached to

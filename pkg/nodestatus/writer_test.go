@@ -71,7 +71,7 @@ func newFixture(t *testing.T, nodes []*v1.Node, attachments []cache.Attachment, 
 	for _, a := range attachments {
 		actual.Update(a.Key, true, func(at *cache.Attachment) { *at = a })
 	}
-	return &fixture{client: client, actual: actual, writer: NewWriter(client, corelisters.NewNodeLister(indexer), actual)}
+	return &fixture{client: client, actual: actual, writer: NewWriter(client, corelisters.NewNodeLister(indexer), actual, testFacts)}
 }
 
 func TestWriterSync(t *testing.T) {
@@ -277,4 +277,9 @@ func TestPatch(t *testing.T) {
 			}
 		})
 	}
+}
+
+// testFacts reads what the writer's tests need of a node: its version.
+func testFacts(n *v1.Node) cache.NodeInfo {
+	return cache.NodeInfo{Exists: true, Managed: true, Ready: true, ResourceVersion: n.ResourceVersion}
 }

@@ -72,6 +72,15 @@ func (r *Reconciler) Decide(k cache.Key, now time.Time) Decision {
 	if known && node.Exists && !node.Managed {
 		return d.with(Nothing, "node %s is not managed by this controller (no %s annotation)", k.Node, "volumes.kubernetes.io/controller-managed-attach-detach")
 	}
+	if d.HasAttachment && !d.Attachment.DetachStarted.IsZero() && d.Attachment.State != cache.Detaching {
+		// A detach was started and its outcome is unknown (its call
+		// failed, or its answer was lost): it is finished before the volume
+		// is attached or reported again, whoever wants it now.
+		if r.actual.ReportPending(k) {
+			return d.with(Wait, "a detach from node %s started; waiting for node status to stop listing the volume", k.Node)
+		}
+		return d.with(Detach, "finishing the detach from node %s that started", k.Node)
+	}
 	if d.Desired {
 		return r.decideAttach(d, node)
 	}

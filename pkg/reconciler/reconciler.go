@@ -301,14 +301,14 @@ func (r *Reconciler) detach(ctx context.Context, d Decision, now time.Time) (Res
 		return Result{}, fmt.Errorf("no mechanism detaches volumes of kind %q", kind)
 	}
 	// The detach may complete (and be observed) before Detach returns: its
-	// start must be on record first.
+	// start must be on record first, and from then on no node status
+	// report may list the volume.
+	if !r.actual.BeginDetach(d.Key, now) {
+		logger.V(2).Info("Node status may list the volume again; the detach waits for the next write")
+		return Result{WriteNodeStatus: true}, nil
+	}
 	if a.DetachStarted.IsZero() {
 		a.DetachStarted = now
-		r.actual.Update(d.Key, false, func(at *cache.Attachment) {
-			if at.DetachStarted.IsZero() {
-				at.DetachStarted = now
-			}
-		})
 	}
 	done, err := mech.Detach(ctx, a)
 	if err != nil {

@@ -26,11 +26,14 @@ func singleNodeAccessConflict(spec *volume.Spec, node string, actual *cache.Actu
 // unmount has passed since the detach was first wanted, unless forced
 // detaches on timeout are disabled.
 //
+// A node never seen (deleted before the controller started) may have
+// anything mounted: it is treated as unhealthy with the volume mounted.
+//
 // It returns the force reason when a mounted volume may be detached, or a
 // non-empty reason to wait, with the time after which to look again (zero:
 // wait for a change of the node).
 func safeToDetach(k cache.Key, node cache.NodeInfo, wanted, now time.Time, cfg Config) (force string, after time.Duration, wait string) {
-	if !node.InUse[k.Volume] {
+	if !node.Mounted(k.Volume) {
 		return "", 0, ""
 	}
 	if node.OutOfService {

@@ -25,46 +25,57 @@ func TestSafeToDetach(t *testing.T) {
 		wantAfter time.Duration
 		wantWait  string // "": may detach
 	}{
-		{name: "not mounted, healthy", node: cache.NodeInfo{Exists: true, Ready: true}, cfg: cfg},
-		{name: "not mounted, not ready", node: cache.NodeInfo{Exists: true}, cfg: cfg},
-		{name: "another volume mounted", node: cache.NodeInfo{Exists: true, Ready: true, InUse: map[volume.Name]bool{specB.Name: true}}, cfg: cfg},
+		{name: "not mounted, healthy", node: cache.NodeInfo{Seen: true, Exists: true, Ready: true}, cfg: cfg},
+		{name: "not mounted, not ready", node: cache.NodeInfo{Seen: true, Exists: true}, cfg: cfg},
+		{name: "another volume mounted", node: cache.NodeInfo{Seen: true, Exists: true, Ready: true, InUse: map[volume.Name]bool{specB.Name: true}}, cfg: cfg},
 		{
-			name: "mounted, healthy", node: cache.NodeInfo{Exists: true, Ready: true, InUse: inUse}, elapsed: time.Hour, cfg: cfg,
+			name: "mounted, healthy", node: cache.NodeInfo{Seen: true, Exists: true, Ready: true, InUse: inUse}, elapsed: time.Hour, cfg: cfg,
 			wantWait: "still mounted on node node-1 (in node.status.volumesInUse); waiting for kubelet to unmount it",
 		},
 		{
-			name: "mounted, out of service though ready", node: cache.NodeInfo{Exists: true, Ready: true, OutOfService: true, InUse: inUse}, cfg: cfg,
+			name: "mounted, out of service though ready", node: cache.NodeInfo{Seen: true, Exists: true, Ready: true, OutOfService: true, InUse: inUse}, cfg: cfg,
 			wantForce: ForceOutOfService,
 		},
 		{
-			name: "mounted, out of service, timeout disabled", node: cache.NodeInfo{Exists: true, OutOfService: true, InUse: inUse}, cfg: disabled,
+			name: "mounted, out of service, timeout disabled", node: cache.NodeInfo{Seen: true, Exists: true, OutOfService: true, InUse: inUse}, cfg: disabled,
 			wantForce: ForceOutOfService,
 		},
 		{
-			name: "mounted, not ready, just now", node: cache.NodeInfo{Exists: true, InUse: inUse}, cfg: cfg,
+			name: "mounted, not ready, just now", node: cache.NodeInfo{Seen: true, Exists: true, InUse: inUse}, cfg: cfg,
 			wantAfter: 6 * time.Minute, wantWait: "still mounted on unhealthy node node-1; forced detach in 6m0s unless it is unmounted",
 		},
 		{
-			name: "mounted, not ready, a second before the max wait", node: cache.NodeInfo{Exists: true, InUse: inUse},
+			name: "mounted, not ready, a second before the max wait", node: cache.NodeInfo{Seen: true, Exists: true, InUse: inUse},
 			elapsed: 6*time.Minute - time.Second, cfg: cfg,
 			wantAfter: time.Second, wantWait: "still mounted on unhealthy node node-1; forced detach in 1s unless it is unmounted",
 		},
 		{
-			name: "mounted, not ready, max wait over", node: cache.NodeInfo{Exists: true, InUse: inUse}, elapsed: 6 * time.Minute, cfg: cfg,
+			name: "mounted, not ready, max wait over", node: cache.NodeInfo{Seen: true, Exists: true, InUse: inUse}, elapsed: 6 * time.Minute, cfg: cfg,
 			wantForce: ForceTimeout,
 		},
 		{
-			name: "mounted, node deleted (last seen ready), max wait over", node: cache.NodeInfo{Exists: false, Ready: true, InUse: inUse},
+			name: "mounted, node deleted (last seen ready), max wait over", node: cache.NodeInfo{Seen: true, Exists: false, Ready: true, InUse: inUse},
 			elapsed: 7 * time.Minute, cfg: cfg,
 			wantForce: ForceTimeout,
 		},
 		{
-			name: "mounted, node deleted, before the max wait", node: cache.NodeInfo{Exists: false, Ready: true, InUse: inUse},
+			name: "mounted, node deleted, before the max wait", node: cache.NodeInfo{Seen: true, Exists: false, Ready: true, InUse: inUse},
 			elapsed: time.Minute, cfg: cfg,
 			wantAfter: 5 * time.Minute, wantWait: "still mounted on unhealthy node node-1; forced detach in 5m0s unless it is unmounted",
 		},
 		{
-			name: "mounted, not ready, timeout disabled", node: cache.NodeInfo{Exists: true, InUse: inUse}, elapsed: 24 * time.Hour, cfg: disabled,
+			// Deleted before this controller started: nothing says what it
+			// has mounted, so anything may be (as upstream assumes).
+			name: "node never seen, before the max wait", node: cache.NodeInfo{},
+			elapsed: time.Minute, cfg: cfg,
+			wantAfter: 5 * time.Minute, wantWait: "still mounted on unhealthy node node-1; forced detach in 5m0s unless it is unmounted",
+		},
+		{
+			name: "node never seen, max wait over", node: cache.NodeInfo{}, elapsed: 6 * time.Minute, cfg: cfg,
+			wantForce: ForceTimeout,
+		},
+		{
+			name: "mounted, not ready, timeout disabled", node: cache.NodeInfo{Seen: true, Exists: true, InUse: inUse}, elapsed: 24 * time.Hour, cfg: disabled,
 			wantWait: "still mounted on unhealthy node node-1 and forced detach on timeout is disabled",
 		},
 	}

@@ -1,0 +1,414 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+type (
+	workqueueOf[T comparable] = workqueue.TypedRateLimitingInterface[T]
+	runtimeObject             = runtime.Object
+	volumeSpec                = volume.Spec
+	volumeName                = volume.Name
+)
+
+const (
+	ns              = "ns"
+	csiDriver       = "csi.example.com"
+	ebsDriver       = "ebs.csi.aws.com"
+	managed         = "volumes.kubernetes.io/controller-managed-attach-detach"
+	migratedPlugins = "storage.alpha.kubernetes.io/migrated-plugins"
+	outOfService    = "node.kubernetes.io/out-of-service"
+	iscsiIQN        = "iqn.2001-04.com.example:storage"
+)
+
+// simVolume is one PV of the universe and what the checker knows of it,
+// computed here and not by the controller's code.
+type simVolume struct {
+	pv    string
+	names []string // its unique names (a migratable volume has two)
+	// singleNode as upstream's IsMultiAttachAllowed says.
+	singleNode bool
+	source     v1.PersistentVolumeSource
+	modes      []v1.PersistentVolumeAccessMode
+}
+
+func (s *Sim) volumeByPV(pv string) *simVolume {
+	for i := range s.vols {
+		if s.vols[i].pv == pv {
+			return &s.vols[i]
+		}
+	}
+	return nil
+}
+
+func (s *Sim) volumeByName(name string) *simVolume {
+	for i := range s.vols {
+		if slices.Contains(s.vols[i].names, name) {
+			return &s.vols[i]
+		}
+	}
+	return &simVolume{pv: "unknown:" + name, names: []string{name}}
+}
+
+func nodeName(i int) string { return fmt.Sprintf("node-%d", i) }
+
+// setup creates the universe: managed Ready nodes with their CSINodes, the
+// CSI driver, and bound PV/PVC pairs of every kind the controller handles.
+func (s *Sim) setup() {
+	rwo, rwop, rwx, rox := v1.ReadWriteOnce, v1.ReadWriteOncePod, v1.ReadWriteMany, v1.ReadOnlyMany
+	csi := func(h string) v1.PersistentVolumeSource {
+		return v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: csiDriver, VolumeHandle: h}}
+	}
+	csiName := func(driver, h string) string { return "kubernetes.io/csi/" + driver + "^" + h }
+	s.vols = []simVolume{
+		{pv: "rwo-0", names: []string{csiName(csiDriver, "h-rwo-0")}, singleNode: true, source: csi("h-rwo-0"), modes: []v1.PersistentVolumeAccessMode{rwo}},
+		{pv: "rwo-1", names: []string{csiName(csiDriver, "h-rwo-1")}, singleNode: true, source: csi("h-rwo-1"), modes: []v1.PersistentVolumeAccessMode{rwo}},
+		{pv: "rwop", names: []string{csiName(csiDriver, "h-rwop")}, singleNode: true, source: csi("h-rwop"), modes: []v1.PersistentVolumeAccessMode{rwop}},
+		{pv: "rwx", names: []string{csiName(csiDriver, "h-rwx")}, source: csi("h-rwx"), modes: []v1.PersistentVolumeAccessMode{rwx}},
+		{pv: "rwo-rox", names: []string{csiName(csiDriver, "h-rwo-rox")}, source: csi("h-rwo-rox"), modes: []v1.PersistentVolumeAccessMode{rwo, rox}},
+		{pv: "iscsi", names: []string{"kubernetes.io/iscsi/10.0.0.1:3260:" + iscsiIQN + ":0"}, singleNode: true,
+			source: v1.PersistentVolumeSource{ISCSI: &v1.ISCSIPersistentVolumeSource{TargetPortal: "10.0.0.1:3260", IQN: iscsiIQN}},
+			modes:  []v1.PersistentVolumeAccessMode{rwo}},
+		{pv: "ebs", names: []string{"kubernetes.io/aws-ebs/vol-ebs", csiName(ebsDriver, "vol-ebs")}, singleNode: true,
+			source: v1.PersistentVolumeSource{AWSElasticBlockStore: &v1.AWSElasticBlockStoreVolumeSource{VolumeID: "vol-ebs"}},
+			modes:  []v1.PersistentVolumeAccessMode{rwo}},
+	}
+	for i := range s.cfg.Nodes {
+		s.createNode(nodeName(i))
+		s.createCSINode(nodeName(i))
+	}
+	s.w.create(rCSIDrivers, &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: csiDriver}})
+	for _, v := range s.vols {
+		pv := &v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: v.pv},
+			Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v.source, AccessModes: v.modes}}
+		s.w.create(rPVs, pv)
+		s.createClaim(v.pv)
+	}
+	s.w.pending = map[string][]event{}
+}
+
+func (s *Sim) createNode(name string) {
+	s.w.create(rNodes, &v1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{managed: "true"}},
+		Status:     v1.NodeStatus{Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}},
+	})
+	delete(s.deletedNodes, name)
+	delete(s.deletedInUse, name)
+}
+
+func (s *Sim) createCSINode(name string) {
+	s.w.create(rCSINodes, &storagev1.CSINode{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{migratedPlugins: "kubernetes.io/aws-ebs"}},
+		Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{
+			{Name: csiDriver, NodeID: name}, {Name: ebsDriver, NodeID: name}}},
+	})
+}
+
+// createClaim creates the claim of pv, bound to it (a new claim UID: the PV
+// is bound to the new claim).
+func (s *Sim) createClaim(pvName string) {
+	pvc := s.w.create(rPVCs, &v1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "c-" + pvName},
+		Spec:       v1.PersistentVolumeClaimSpec{VolumeName: pvName},
+		Status:     v1.PersistentVolumeClaimStatus{Phase: v1.ClaimBound},
+	})
+	pv := s.w.get(rPVs, pvName).(*v1.PersistentVolume).DeepCopy()
+	pv.Spec.ClaimRef = &v1.ObjectReference{Namespace: ns, Name: pvc.GetName(), UID: pvc.GetUID()}
+	pv.Status.Phase = v1.VolumeBound
+	s.w.update(rPVs, pv)
+}
+
+// live reports whether a pod has not terminated (upstream IsPodTerminated,
+// negated), as the checker understands it.
+func live(p *v1.Pod) bool {
+	if p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
+		return false
+	}
+	if p.DeletionTimestamp == nil {
+		return true
+	}
+	for _, st := range p.Status.ContainerStatuses {
+		if st.State.Terminated == nil && st.State.Waiting == nil {
+			return true
+		}
+	}
+	return false
+}
+
+func podPV(p *v1.Pod) string { return p.Annotations["sim/pv"] }
+
+// wanted: the volume is used by a live pod on an existing managed node.
+func (s *Sim) wanted() map[pair]bool {
+	out := map[pair]bool{}
+	for _, o := range s.w.list(rPods) {
+		p := o.(*v1.Pod)
+		if live(p) && s.w.node(p.Spec.NodeName) != nil {
+			out[pair{podPV(p), p.Spec.NodeName}] = true
+		}
+	}
+	return out
+}
+
+// kubeletChange is the volumesInUse a node's kubelet would write now, or
+// nil: a Ready node's kubelet mounts the volumes of its live pods once
+// node.status.volumesAttached lists them, and unmounts those no live pod
+// uses. A NotReady node's kubelet does nothing.
+func (s *Sim) kubeletChange(n *v1.Node) []v1.UniqueVolumeName {
+	if !ready(n) {
+		return nil
+	}
+	uses := map[string]bool{}
+	for _, o := range s.w.list(rPods) {
+		p := o.(*v1.Pod)
+		if p.Spec.NodeName == n.Name && live(p) {
+			for _, name := range s.volumeByPV(podPV(p)).names {
+				uses[name] = true
+			}
+		}
+	}
+	var want []v1.UniqueVolumeName
+	for _, v := range n.Status.VolumesInUse {
+		if uses[string(v)] {
+			want = append(want, v)
+		}
+	}
+	for _, a := range n.Status.VolumesAttached {
+		if uses[string(a.Name)] && !slices.Contains(want, a.Name) {
+			want = append(want, a.Name)
+		}
+	}
+	slices.Sort(want)
+	have := slices.Clone(n.Status.VolumesInUse)
+	slices.Sort(have)
+	if slices.Equal(want, have) {
+		return nil
+	}
+	if want == nil {
+		want = []v1.UniqueVolumeName{}
+	}
+	return want
+}
+
+func (s *Sim) kubelet(node string) {
+	n := s.w.node(node).DeepCopy()
+	want := s.kubeletChange(n)
+	s.tracef("kubelet %s: volumesInUse %v", node, want)
+	n.Status.VolumesInUse = want
+	s.w.update(rNodes, n)
+}
+
+func ready(n *v1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == v1.NodeReady {
+			return c.Status == v1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func outOfServiceTaint(n *v1.Node) bool {
+	return slices.ContainsFunc(n.Spec.Taints, func(t v1.Taint) bool { return t.Key == outOfService })
+}
+
+// attacherPending: a VolumeAttachment waits for the external-attacher.
+func (s *Sim) attacherPending() bool {
+	for _, va := range s.w.attachments() {
+		if va.DeletionTimestamp != nil || !va.Status.Attached {
+			return true
+		}
+	}
+	return false
+}
+
+// attacher acts on one VolumeAttachment as the CSI external-attacher does:
+// finalizer, then attached (or an attach error); on delete, detach and
+// remove the finalizer (or a detach error).
+func (s *Sim) attacher() {
+	var todo []*storagev1.VolumeAttachment
+	for _, va := range s.w.attachments() {
+		if va.DeletionTimestamp != nil || !va.Status.Attached {
+			todo = append(todo, va)
+		}
+	}
+	va := todo[s.rng.Intn(len(todo))].DeepCopy()
+	if va.DeletionTimestamp != nil {
+		if s.faults && s.chance(0.15) {
+			va.Status.DetachError = &storagev1.VolumeError{Message: "injected detach error"}
+			s.tracef("attacher: detach error %s", va.Name)
+			s.w.update(rAttachments, va)
+			return
+		}
+		s.tracef("attacher: detached %s", va.Name)
+		s.w.remove(rAttachments, va.Name)
+		return
+	}
+	va.Finalizers = []string{"external-attacher/" + va.Spec.Attacher}
+	if s.faults && s.chance(0.15) {
+		va.Status.AttachError = &storagev1.VolumeError{Message: "injected attach error"}
+		s.tracef("attacher: attach error %s", va.Name)
+	} else {
+		va.Status.Attached, va.Status.AttachError = true, nil
+		s.tracef("attacher: attached %s", va.Name)
+	}
+	s.w.update(rAttachments, va)
+}
+
+// workload makes one change a user, a kubelet or a cloud makes.
+func (s *Sim) workload() {
+	pods := s.w.list(rPods)
+	var deleting, running []*v1.Pod
+	for _, o := range pods {
+		p := o.(*v1.Pod)
+		switch {
+		case p.DeletionTimestamp != nil:
+			deleting = append(deleting, p)
+		case live(p):
+			running = append(running, p)
+		}
+	}
+	nodes := s.w.list(rNodes)
+	pick := func(n int) int { return s.rng.Intn(n) }
+	switch x := s.rng.Float64() * 20; {
+	case x < 5 && len(nodes) > 0:
+		v := s.vols[pick(len(s.vols))]
+		s.createPod(v.pv, nodes[pick(len(nodes))].GetName())
+	case x < 8 && len(running) > 0:
+		p := running[pick(len(running))].DeepCopy()
+		now := metav1.NewTime(s.clock.Now())
+		p.DeletionTimestamp = &now
+		s.tracef("workload: delete pod %s (containers still running)", p.Name)
+		s.w.update(rPods, p)
+	case x < 9 && len(pods) > 0:
+		p := pods[pick(len(pods))]
+		s.tracef("workload: pod %s removed at once", p.GetName())
+		s.w.remove(rPods, keyOf(p))
+	case x < 11 && len(deleting) > 0:
+		p := deleting[pick(len(deleting))].DeepCopy()
+		if live(p) {
+			p.Status.ContainerStatuses[0].State = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 0}}
+			s.tracef("workload: pod %s containers stopped", p.Name)
+			s.w.update(rPods, p)
+		} else {
+			s.tracef("workload: pod %s gone", p.Name)
+			s.w.remove(rPods, keyOf(p))
+		}
+	case x < 11.5 && len(running) > 0:
+		p := running[pick(len(running))].DeepCopy()
+		p.Status.Phase = v1.PodSucceeded
+		s.tracef("workload: pod %s succeeded", p.Name)
+		s.w.update(rPods, p)
+	case x < 13 && len(nodes) > 0:
+		n := nodes[pick(len(nodes))].(*v1.Node).DeepCopy()
+		st := v1.ConditionTrue
+		if ready(n) {
+			st = v1.ConditionFalse
+		}
+		n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: st}}
+		s.stats["fault: node readiness"]++
+		s.tracef("workload: node %s Ready=%s", n.Name, st)
+		s.w.update(rNodes, n)
+	case x < 14 && len(nodes) > 0:
+		n := nodes[pick(len(nodes))].(*v1.Node).DeepCopy()
+		if outOfServiceTaint(n) {
+			n.Spec.Taints = nil
+		} else {
+			n.Spec.Taints = []v1.Taint{{Key: outOfService, Effect: v1.TaintEffectNoExecute}}
+		}
+		s.stats["fault: out-of-service"]++
+		s.tracef("workload: node %s out-of-service=%v", n.Name, outOfServiceTaint(n))
+		s.w.update(rNodes, n)
+	case x < 14.6 && len(nodes) > 1:
+		n := nodes[pick(len(nodes))].(*v1.Node)
+		s.stats["fault: node deleted"]++
+		s.tracef("workload: node %s deleted", n.Name)
+		s.deletedNodes[n.Name] = true
+		var inUse []string
+		for _, v := range n.Status.VolumesInUse {
+			inUse = append(inUse, string(v))
+		}
+		s.deletedInUse[n.Name] = inUse
+		// iSCSI and FC attachers only record the attachment: the record
+		// is the node's status, gone with the Node object.
+		delete(s.intree, n.Name)
+		s.w.remove(rNodes, n.Name)
+		// The pod garbage collector deletes the pods bound to a node
+		// that no longer exists.
+		for _, o := range s.w.list(rPods) {
+			if o.(*v1.Pod).Spec.NodeName == n.Name {
+				s.w.remove(rPods, keyOf(o))
+			}
+		}
+	case x < 15.5:
+		for i := range s.cfg.Nodes {
+			if name := nodeName(i); s.w.node(name) == nil {
+				s.tracef("workload: node %s created again", name)
+				s.createNode(name)
+				break
+			}
+		}
+	case x < 16.5:
+		name := nodeName(pick(s.cfg.Nodes))
+		if s.w.get(rCSINodes, name) != nil {
+			s.stats["fault: CSINode deleted"]++
+			s.tracef("workload: CSINode %s deleted", name)
+			s.w.remove(rCSINodes, name)
+		} else {
+			s.tracef("workload: CSINode %s created", name)
+			s.createCSINode(name)
+		}
+	default:
+		v := s.vols[pick(len(s.vols))]
+		if s.w.get(rPVCs, ns+"/c-"+v.pv) != nil {
+			s.stats["fault: claim deleted"]++
+			s.tracef("workload: claim c-%s deleted", v.pv)
+			s.w.remove(rPVCs, ns+"/c-"+v.pv)
+		} else {
+			s.tracef("workload: claim c-%s created again", v.pv)
+			s.createClaim(v.pv)
+		}
+	}
+}
+
+func (s *Sim) createPod(pv, node string) {
+	s.podSeq++
+	name := fmt.Sprintf("p-%d", s.podSeq)
+	s.tracef("workload: pod %s on %s uses %s", name, node, pv)
+	s.w.create(rPods, &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("pod-" + name),
+			Annotations: map[string]string{"sim/pv": pv}},
+		Spec: v1.PodSpec{NodeName: node, Volumes: []v1.Volume{{Name: "data",
+			VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: "c-" + pv}}}}},
+		Status: v1.PodStatus{Phase: v1.PodRunning, ContainerStatuses: []v1.ContainerStatus{
+			{Name: "c", State: v1.ContainerState{Running: &v1.ContainerStateRunning{}}}}},
+	})
+}
+
+// heal ends the faults: deleting pods finish, claims and CSINodes are back.
+func (s *Sim) heal() {
+	for _, o := range s.w.list(rPods) {
+		if p := o.(*v1.Pod); p.DeletionTimestamp != nil {
+			s.w.remove(rPods, keyOf(p))
+		}
+	}
+	for _, v := range s.vols {
+		if s.w.get(rPVCs, ns+"/c-"+v.pv) == nil {
+			s.createClaim(v.pv)
+		}
+	}
+	for i := range s.cfg.Nodes {
+		if name := nodeName(i); s.w.node(name) != nil && s.w.get(rCSINodes, name) == nil {
+			s.createCSINode(name)
+		}
+	}
+	s.tracef("heal: deleting pods gone, claims and CSINodes back; no more faults")
+}

@@ -1,0 +1,192 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+)
+
+// The invariants, checked against the world (what the API holds and what
+// the attachers did), never against the controller's own beliefs:
+//
+//	I1 a single-node volume has an attachment (a VolumeAttachment in any
+//	   state, or an in-tree attachment) on one node at most;
+//	I2 no detach starts for a volume in volumesInUse of a Ready node
+//	   without the out-of-service taint, nor, on an unhealthy node, while a
+//	   live pod there still uses it or before the max wait for unmount. A
+//	   controller acts on what it saw a moment ago: the taint (or the
+//	   node's unhealthiness) counts when it held at some moment since the
+//	   volume stopped being wanted there, not only when the call is made;
+//	I3 no detach starts while node.status.volumesAttached lists the volume;
+//	I4 once no fault and no new work come, the run gets quiet within a
+//	   bounded number of steps, and then every volume a live pod wants is
+//	   attached where allowed and nothing nobody wants is attached;
+//	I5 then, node.status.volumesAttached lists exactly what is attached.
+
+// checkEveryStep checks I1 and keeps the bookkeeping I2 needs.
+func (s *Sim) checkEveryStep() {
+	s.checkSingleNode()
+	wanted := s.wanted()
+	now := s.clock.Now()
+	for _, o := range s.w.list(rNodes) {
+		n := o.(*v1.Node)
+		if outOfServiceTaint(n) {
+			s.taintSeen[n.Name] = now
+		}
+		if !ready(n) {
+			s.unhealthySeen[n.Name] = now
+		}
+	}
+	for name := range s.deletedNodes {
+		s.unhealthySeen[name] = now
+	}
+	for _, v := range s.vols {
+		for i := range s.cfg.Nodes {
+			p := pair{v.pv, nodeName(i)}
+			if wanted[p] {
+				delete(s.unwantedSince, p)
+			} else if _, ok := s.unwantedSince[p]; !ok {
+				s.unwantedSince[p] = now
+			}
+		}
+	}
+}
+
+// attachedNodes returns, per PV, the nodes holding an attachment of it.
+func (s *Sim) attachedNodes() map[string][]string {
+	out := map[string][]string{}
+	add := func(pv, node string) {
+		if !slices.Contains(out[pv], node) {
+			out[pv] = append(out[pv], node)
+		}
+	}
+	for _, va := range s.w.attachments() {
+		add(attachmentVolume(va), va.Spec.NodeName)
+	}
+	for node, names := range s.intree {
+		for name := range names {
+			add(s.volumeByName(name).pv, node)
+		}
+	}
+	return out
+}
+
+func (s *Sim) checkSingleNode() {
+	for pv, nodes := range s.attachedNodes() {
+		if v := s.volumeByPV(pv); v != nil && v.singleNode && len(nodes) > 1 {
+			slices.Sort(nodes)
+			s.violate("I1", "single-node volume %s attached to nodes %s", pv, strings.Join(nodes, ", "))
+		}
+	}
+}
+
+func (s *Sim) checkAttachmentCreated(*storagev1.VolumeAttachment) { s.checkSingleNode() }
+
+// checkDetachStart checks I2 and I3 at the moment a detach of pv from node
+// starts.
+func (s *Sim) checkDetachStart(pv, node string) {
+	v := s.volumeByPV(pv)
+	if v == nil {
+		return
+	}
+	n := s.w.node(node)
+	listed := func(names []string) bool {
+		return slices.ContainsFunc(names, func(x string) bool { return slices.Contains(v.names, x) })
+	}
+	var inUse, attached []string
+	if n != nil {
+		for _, u := range n.Status.VolumesInUse {
+			inUse = append(inUse, string(u))
+		}
+		for _, a := range n.Status.VolumesAttached {
+			attached = append(attached, string(a.Name))
+		}
+	} else {
+		inUse = s.deletedInUse[node]
+	}
+	if listed(attached) {
+		s.violate("I3", "detach of %s from %s started while node.status.volumesAttached lists it", pv, node)
+	}
+	if !listed(inUse) {
+		return
+	}
+	since, unwanted := s.unwantedSince[pair{pv, node}]
+	held := func(at map[string]time.Time) bool {
+		t, ok := at[node]
+		return ok && unwanted && !t.Before(since)
+	}
+	switch {
+	case (n != nil && outOfServiceTaint(n)) || held(s.taintSeen):
+	case s.wanted()[pair{pv, node}]:
+		s.violate("I2", "detach of %s from node %s started while a live pod there uses it", pv, node)
+	case n != nil && ready(n) && !held(s.unhealthySeen):
+		s.violate("I2", "detach of %s from %s started while it is mounted on a Ready node", pv, node)
+	case s.clock.Now().Sub(since) < s.cfg.MaxWaitForUnmount:
+		s.violate("I2", "forced detach of %s from unhealthy node %s after %s, before the max wait for unmount (%s)",
+			pv, node, s.clock.Now().Sub(since), s.cfg.MaxWaitForUnmount)
+	}
+}
+
+// checkQuiet checks I4 and I5 once nothing is left to do.
+func (s *Sim) checkQuiet() {
+	wanted := s.wanted()
+	attached := s.attachedNodes()
+	// Everything wanted is attached, unless a single-node volume is
+	// attached on another node that also wants it.
+	for p := range wanted {
+		nodes := attached[p.pv]
+		if slices.Contains(nodes, p.node) {
+			continue
+		}
+		v := s.volumeByPV(p.pv)
+		if v.singleNode && len(nodes) == 1 && wanted[pair{p.pv, nodes[0]}] {
+			continue
+		}
+		s.violate("I4", "quiet, but %s is not attached to %s where a live pod wants it (attached to %v)", p.pv, p.node, nodes)
+	}
+	// Nothing unwanted is attached.
+	for pv, nodes := range attached {
+		for _, node := range nodes {
+			if !wanted[pair{pv, node}] {
+				s.violate("I4", "quiet, but %s stays attached to %s where no live pod wants it", pv, node)
+			}
+		}
+	}
+	// node.status.volumesAttached is exactly what is attached there.
+	for _, o := range s.w.list(rNodes) {
+		n := o.(*v1.Node)
+		var listed, want []string
+		for _, a := range n.Status.VolumesAttached {
+			listed = append(listed, string(a.Name))
+		}
+		for _, va := range s.w.attachments() {
+			if va.Spec.NodeName == n.Name && va.Status.Attached && va.DeletionTimestamp == nil {
+				want = append(want, s.attachedName(va))
+			}
+		}
+		for name := range s.intree[n.Name] {
+			want = append(want, name)
+		}
+		slices.Sort(listed)
+		slices.Sort(want)
+		if !slices.Equal(listed, want) {
+			s.violate("I5", "quiet, but node %s status lists %v while %v is attached", n.Name, listed, want)
+		}
+	}
+}
+
+// attachedName is the unique name kubelet expects for a VolumeAttachment's
+// volume: the CSI name.
+func (s *Sim) attachedName(va *storagev1.VolumeAttachment) string {
+	v := s.volumeByPV(attachmentVolume(va))
+	for _, n := range v.names {
+		if strings.HasPrefix(n, "kubernetes.io/csi/") {
+			return n
+		}
+	}
+	return fmt.Sprintf("?%s", va.Name)
+}

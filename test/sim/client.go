@@ -1,0 +1,82 @@
+package sim
+
+import (
+	"context"
+
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	storagev1client "k8s.io/client-go/kubernetes/typed/storage/v1"
+)
+
+// client is the controller's clientset: every write it makes is a point
+// where the scheduler lets something else happen (the call is in flight),
+// before the call reaches the world (world.react). The fake clientset holds
+// a lock while it serves a call, so the task yields before entering it.
+type client struct {
+	*fake.Clientset
+	s *Sim
+}
+
+var _ kubernetes.Interface = (*client)(nil)
+
+func newClient(s *Sim) *client {
+	f := fake.NewClientset()
+	f.PrependReactor("*", "*", s.w.react)
+	return &client{Clientset: f, s: s}
+}
+
+func (c *client) StorageV1() storagev1client.StorageV1Interface {
+	return &storageClient{StorageV1Interface: c.Clientset.StorageV1(), s: c.s}
+}
+
+func (c *client) CoreV1() corev1client.CoreV1Interface {
+	return &coreClient{CoreV1Interface: c.Clientset.CoreV1(), s: c.s}
+}
+
+type storageClient struct {
+	storagev1client.StorageV1Interface
+	s *Sim
+}
+
+func (c *storageClient) VolumeAttachments() storagev1client.VolumeAttachmentInterface {
+	return &attachmentClient{VolumeAttachmentInterface: c.StorageV1Interface.VolumeAttachments(), s: c.s}
+}
+
+type attachmentClient struct {
+	storagev1client.VolumeAttachmentInterface
+	s *Sim
+}
+
+func (c *attachmentClient) Create(ctx context.Context, va *storagev1.VolumeAttachment, opts metav1.CreateOptions) (*storagev1.VolumeAttachment, error) {
+	c.s.yield()
+	return c.VolumeAttachmentInterface.Create(ctx, va, opts)
+}
+
+func (c *attachmentClient) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
+	c.s.yield()
+	return c.VolumeAttachmentInterface.Delete(ctx, name, opts)
+}
+
+type coreClient struct {
+	corev1client.CoreV1Interface
+	s *Sim
+}
+
+func (c *coreClient) Nodes() corev1client.NodeInterface {
+	return &nodeClient{NodeInterface: c.CoreV1Interface.Nodes(), s: c.s}
+}
+
+type nodeClient struct {
+	corev1client.NodeInterface
+	s *Sim
+}
+
+func (c *nodeClient) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*v1.Node, error) {
+	c.s.yield()
+	return c.NodeInterface.Patch(ctx, name, pt, data, opts, subresources...)
+}

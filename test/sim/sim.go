@@ -1,0 +1,447 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/controller"
+	"github.com/kube-attach/attach-detach-controller/pkg/intree"
+	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
+	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
+)
+
+// Config sets the size and the fault rates of a run.
+type Config struct {
+	// Steps is the number of steps with workload and faults; then the
+	// world heals and the run goes on until it is quiet, for at most
+	// QuietSteps steps (I4).
+	Steps, QuietSteps int
+	// Nodes is the number of nodes.
+	Nodes int
+	// Workers is the number of volume workers.
+	Workers int
+	// APIFailure is the chance that a write fails before it lands,
+	// APILostAnswer that it lands and its answer is lost.
+	APIFailure, APILostAnswer float64
+	// Restart is the weight of a controller restart among the actions.
+	Restart float64
+	// MaxWaitForUnmount as the controller's flag.
+	MaxWaitForUnmount time.Duration
+	// Trace keeps every step's trace line, not only the last ones.
+	Trace bool
+}
+
+// DefaultConfig is what `make test` runs for each seed.
+func DefaultConfig() Config {
+	return Config{Steps: 400, QuietSteps: 4000, Nodes: 3, Workers: 3, APIFailure: 0.08, APILostAnswer: 0.04,
+		Restart: 0.08, MaxWaitForUnmount: 6 * time.Minute}
+}
+
+// Result is what a run did and found.
+type Result struct {
+	Seed       int64
+	Steps      int
+	Violations []string
+	// Trace is the end of the step trace (all of it with Config.Trace).
+	Trace []string
+	Stats map[string]int
+}
+
+// Sim is one seeded run.
+type Sim struct {
+	cfg   Config
+	seed  int64
+	rng   *rand.Rand
+	clock *clocktesting.FakePassiveClock
+	w     *world
+	ctx   context.Context
+
+	gen     int
+	ctrl    *controller.Controller
+	inf     map[string]*informer
+	queues  []runnable
+	workers map[string]int
+
+	current *task
+	paused  []*task
+	reports chan taskReport
+	taskSeq int
+
+	faults     bool
+	step       int
+	trace      []string
+	violations []string
+	stats      map[string]int
+
+	vols   []simVolume
+	intree map[string]map[string]bool // node -> in-tree unique names attached
+	podSeq int
+	// unwantedSince: since when no live pod wants the volume on the node;
+	// deletedInUse: what a node had mounted when its object was deleted.
+	unwantedSince map[pair]time.Time
+	deletedInUse  map[string][]string
+	deletedNodes  map[string]bool
+	// taintSeen and unhealthySeen: when each node last had the
+	// out-of-service taint, and was last not Ready or deleted.
+	taintSeen, unhealthySeen map[string]time.Time
+}
+
+type pair struct{ pv, node string }
+
+// Run runs one seed.
+func Run(seed int64, cfg Config) Result {
+	s := &Sim{
+		cfg: cfg, seed: seed, rng: rand.New(rand.NewSource(seed)),
+		clock:   clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
+		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
+		unwantedSince: map[pair]time.Time{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
+		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{},
+		ctx: simContext(),
+	}
+	s.w = newWorld(s)
+	s.setup()
+	s.newController()
+	s.faults = true
+	for s.step = 1; s.step <= cfg.Steps && len(s.violations) == 0; s.step++ {
+		s.act(true)
+		s.checkEveryStep()
+	}
+	if len(s.violations) == 0 {
+		s.quiesce()
+	}
+	s.kill()
+	res := Result{Seed: seed, Steps: s.step, Violations: s.violations, Stats: s.stats, Trace: s.trace}
+	if !cfg.Trace && len(res.Trace) > 300 {
+		res.Trace = res.Trace[len(res.Trace)-300:]
+	}
+	return res
+}
+
+func (s *Sim) chance(p float64) bool { return s.rng.Float64() < p }
+
+func (s *Sim) tracef(format string, args ...any) {
+	line := fmt.Sprintf("%5d %s ", s.step, s.clock.Now().Format("15:04:05.000")) + fmt.Sprintf(format, args...)
+	s.trace = append(s.trace, line)
+	if !s.cfg.Trace && len(s.trace) > 2000 {
+		s.trace = append(s.trace[:0], s.trace[1000:]...)
+	}
+}
+
+// violate records a broken invariant; the run stops after the step.
+func (s *Sim) violate(inv, format string, args ...any) {
+	msg := inv + ": " + fmt.Sprintf(format, args...)
+	s.tracef("VIOLATION %s", msg)
+	s.violations = append(s.violations, msg)
+}
+
+// newController starts a controller generation: fresh informers listing the
+// world, fresh caches, Recover, as a process that (re)starts.
+func (s *Sim) newController() {
+	s.gen++
+	s.inf = map[string]*informer{}
+	for _, r := range resources {
+		s.inf[r] = newInformer(controller.Trim)
+	}
+	s.queues = nil
+	s.workers = map[string]int{controller.QueuePods: 2, controller.QueueNodes: 2, controller.QueueVolumeAttachments: 2,
+		controller.QueueVolumes: s.cfg.Workers, controller.QueueNodeStatus: 1}
+	c, err := controller.New(controller.Config{
+		Client:        newClient(s),
+		Recorder:      &recorder{s: s},
+		Metrics:       metrics.New(),
+		Reconciler:    reconciler.Config{MaxWaitForUnmount: s.cfg.MaxWaitForUnmount},
+		InTree:        intree.NewRegistry(&iscsiPlugin{s: s}),
+		Workers:       s.cfg.Workers,
+		StatusWorkers: 1,
+		Informers: &controller.Informers{Pods: s.inf[rPods], PVCs: s.inf[rPVCs], PVs: s.inf[rPVs], Nodes: s.inf[rNodes],
+			CSINodes: s.inf[rCSINodes], CSIDrivers: s.inf[rCSIDrivers], VolumeAttachments: s.inf[rAttachments]},
+		Clock: s.clock,
+		NewQueue: func(name string) workqueueOf[string] {
+			q := newQueue[string](s, name)
+			s.queues = append(s.queues, q)
+			return q
+		},
+		NewKeyQueue: func(name string) workqueueOf[cache.Key] {
+			q := newQueue[cache.Key](s, name)
+			s.queues = append(s.queues, q)
+			return q
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	s.ctrl = c
+	// The initial list of every informer, then a watch from now on.
+	for _, r := range resources {
+		s.w.pending[r] = nil
+		for _, o := range s.w.list(r) {
+			s.inf[r].deliver(event{typ: added, obj: o})
+		}
+	}
+	if err := c.Recover(s.ctx); err != nil {
+		panic(err)
+	}
+	s.tracef("controller generation %d started", s.gen)
+}
+
+// kill stops the controller as SIGKILL does: calls in flight get no answer.
+func (s *Sim) kill() {
+	for _, t := range s.paused {
+		t.killed = true
+	}
+	s.drainKilled()
+	s.ctrl = nil
+}
+
+func (s *Sim) restart() {
+	s.stats["fault: controller restart"]++
+	s.tracef("controller killed")
+	s.kill()
+	// The iSCSI attacher only records: its record is the node's
+	// volumesAttached. An attachment withdrawn from it is known to no one
+	// once the controller's memory is gone (as with upstream).
+	for node, names := range s.intree {
+		n := s.w.node(node)
+		for name := range names {
+			if n == nil || !slices.ContainsFunc(n.Status.VolumesAttached, func(a v1.AttachedVolume) bool { return string(a.Name) == name }) {
+				s.tracef("iscsi attachment %s on %s forgotten with the controller's memory", name, node)
+				delete(names, name)
+			}
+		}
+	}
+	s.newController()
+}
+
+type choice struct {
+	weight float64
+	name   string
+	do     func()
+}
+
+// act makes one step: one choice among everything that can happen now.
+func (s *Sim) act(chaos bool) (progress bool) {
+	var cs []choice
+	add := func(w float64, name string, do func()) { cs = append(cs, choice{w, name, do}) }
+	for _, r := range resources {
+		if len(s.w.pending[r]) > 0 {
+			add(3, "deliver "+r, func() { s.deliver(r) })
+		}
+	}
+	running := map[string]int{}
+	for _, t := range s.paused {
+		running[t.desc[:strings.IndexByte(t.desc, ' ')]]++
+	}
+	for _, q := range s.queues {
+		if len(q.readyNames()) > 0 && running[q.queueName()] < s.workers[q.queueName()] {
+			add(4, "work "+q.queueName(), func() { s.work(q) })
+		}
+	}
+	if len(s.paused) > 0 {
+		add(5, "resume", func() { s.resumeAt(s.rng.Intn(len(s.paused))) })
+	}
+	if s.attacherPending() {
+		add(2, "attacher", s.attacher)
+	}
+	for _, n := range s.w.list(rNodes) {
+		if s.kubeletChange(n.(*v1.Node)) != nil {
+			add(1.5, "kubelet", func() { s.kubelet(n.GetName()) })
+		}
+	}
+	if chaos {
+		add(1, "time", func() { s.advance(time.Duration(s.rng.Intn(5000)) * time.Millisecond) })
+		add(2.5, "workload", s.workload)
+		add(s.cfg.Restart, "restart", s.restart)
+		add(0.2, "resync", s.resync)
+	}
+	if len(cs) == 0 {
+		if at, ok := s.nextTimer(); ok {
+			s.advance(at.Sub(s.clock.Now()))
+			return true
+		}
+		return false
+	}
+	if !chaos && len(cs) == 0 {
+		return false
+	}
+	total := 0.0
+	for _, c := range cs {
+		total += c.weight
+	}
+	x := s.rng.Float64() * total
+	for _, c := range cs {
+		if x -= c.weight; x < 0 {
+			c.do()
+			return true
+		}
+	}
+	cs[len(cs)-1].do()
+	return true
+}
+
+func (s *Sim) deliver(r string) {
+	ev := s.w.pending[r][0]
+	s.w.pending[r] = s.w.pending[r][1:]
+	s.tracef("deliver %s %s %s", r, []string{"added", "updated", "deleted"}[ev.typ], keyOf(ev.obj.(object)))
+	s.inf[r].deliver(ev)
+}
+
+func (s *Sim) resync() {
+	r := resources[s.rng.Intn(len(resources))]
+	s.stats["fault: informer resync"]++
+	s.tracef("resync %s", r)
+	s.inf[r].resync()
+}
+
+// work starts a worker on one ready item of q.
+func (s *Sim) work(q runnable) {
+	r := q.readyNames()
+	item := q.takeAt(s.rng.Intn(len(r)))
+	name := q.queueName()
+	desc := name + " " + item
+	s.tracef("work %s", desc)
+	c := s.ctrl
+	s.start(desc, func() { c.Process(s.ctx, name) })
+}
+
+func (s *Sim) nextTimer() (time.Time, bool) {
+	var first time.Time
+	for _, q := range s.queues {
+		if at, ok := q.nextTimer(); ok && (first.IsZero() || at.Before(first)) {
+			first = at
+		}
+	}
+	return first, !first.IsZero()
+}
+
+func (s *Sim) advance(d time.Duration) {
+	if d < 0 {
+		d = 0
+	}
+	s.clock.SetTime(s.clock.Now().Add(d))
+	for _, q := range s.queues {
+		q.fire(s.clock.Now())
+	}
+	s.tracef("time +%s", d)
+}
+
+// quiesce heals the world (faults off, no new workload, deleted pods gone,
+// claims and CSINodes back) and runs until nothing is left to do: then the
+// world and the controller must agree (I4, I5).
+func (s *Sim) quiesce() {
+	s.faults = false
+	s.heal()
+	quiet := false
+	for i := 0; i < s.cfg.QuietSteps && len(s.violations) == 0; i++ {
+		s.step++
+		if !s.act(false) {
+			quiet = true
+			break
+		}
+		s.checkEveryStep()
+	}
+	if len(s.violations) > 0 {
+		return
+	}
+	if !quiet {
+		s.violate("I4", "not quiet after %d steps with no fault and no new work: %s", s.cfg.QuietSteps, s.busy())
+		return
+	}
+	s.checkQuiet()
+}
+
+func (s *Sim) busy() string {
+	var out []string
+	for _, q := range s.queues {
+		if !q.idle() {
+			out = append(out, fmt.Sprintf("queue %s: %v", q.queueName(), q.readyNames()))
+		}
+	}
+	for _, t := range s.paused {
+		out = append(out, "task "+t.desc)
+	}
+	return strings.Join(out, "; ")
+}
+
+// recorder keeps the controller's events in the trace.
+type recorder struct{ s *Sim }
+
+func (r *recorder) Event(obj runtimeObject, eventtype, reason, message string) {
+	r.s.stats["event "+reason]++
+	r.s.tracef("  event %s %s: %s", eventtype, reason, message)
+}
+
+func (r *recorder) Eventf(obj runtimeObject, eventtype, reason, format string, args ...any) {
+	r.Event(obj, eventtype, reason, fmt.Sprintf(format, args...))
+}
+
+func (r *recorder) AnnotatedEventf(obj runtimeObject, _ map[string]string, eventtype, reason, format string, args ...any) {
+	r.Event(obj, eventtype, reason, fmt.Sprintf(format, args...))
+}
+
+// iscsiPlugin is the in-tree iSCSI attacher, whose attach and detach are
+// remote calls like any other.
+type iscsiPlugin struct{ s *Sim }
+
+func (p *iscsiPlugin) Name() string { return intree.ISCSI{}.Name() }
+
+func (p *iscsiPlugin) Attach(ctx context.Context, spec *volumeSpec, node string) (string, error) {
+	s := p.s
+	if s.yield() {
+		return "", fmt.Errorf("connection refused")
+	}
+	if s.faults && s.chance(s.cfg.APIFailure) {
+		s.tracef("  iscsi attach %s: injected failure", spec.Name)
+		return "", fmt.Errorf("injected iSCSI failure")
+	}
+	dev, err := intree.ISCSI{}.Attach(ctx, spec, node)
+	if err == nil {
+		if s.intree[node] == nil {
+			s.intree[node] = map[string]bool{}
+		}
+		s.intree[node][string(spec.Name)] = true
+	}
+	s.tracef("  iscsi attach %s to %s: %s", spec.Name, node, errText(err))
+	return dev, err
+}
+
+func (p *iscsiPlugin) VolumesAreAttached(ctx context.Context, specs []*volumeSpec, node string) (map[volumeName]bool, error) {
+	return intree.ISCSI{}.VolumesAreAttached(ctx, specs, node)
+}
+
+func (p *iscsiPlugin) Detach(ctx context.Context, name volumeName, node string) error {
+	s := p.s
+	if s.yield() {
+		return fmt.Errorf("connection refused")
+	}
+	if s.faults && s.chance(s.cfg.APIFailure) {
+		s.tracef("  iscsi detach %s: injected failure", name)
+		return fmt.Errorf("injected iSCSI failure")
+	}
+	if s.intree[node][string(name)] {
+		s.checkDetachStart(s.volumeByName(string(name)).pv, node)
+	}
+	delete(s.intree[node], string(name))
+	s.tracef("  iscsi detach %s from %s: ok", name, node)
+	return intree.ISCSI{}.Detach(ctx, name, node)
+}
+
+func simContext() context.Context {
+	if os.Getenv("SIM_LOG") != "" {
+		return klog.NewContext(context.Background(), funcr.New(func(prefix, args string) {
+			fmt.Fprintln(os.Stderr, prefix, args)
+		}, funcr.Options{Verbosity: 4}))
+	}
+	return klog.NewContext(context.Background(), logr.Discard())
+}

@@ -1,0 +1,374 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	k8stesting "k8s.io/client-go/testing"
+	toolscache "k8s.io/client-go/tools/cache"
+)
+
+// Resources the controller watches, in the order the world lists them.
+const (
+	rPods        = "pods"
+	rPVCs        = "persistentvolumeclaims"
+	rPVs         = "persistentvolumes"
+	rNodes       = "nodes"
+	rCSINodes    = "csinodes"
+	rCSIDrivers  = "csidrivers"
+	rAttachments = "volumeattachments"
+)
+
+var resources = []string{rPods, rPVCs, rPVs, rNodes, rCSINodes, rCSIDrivers, rAttachments}
+
+type eventType int
+
+const (
+	added eventType = iota
+	updated
+	deleted
+)
+
+// event is one watch event, as an informer receives it.
+type event struct {
+	typ eventType
+	obj runtime.Object
+}
+
+// object is what every stored object is.
+type object interface {
+	metav1.Object
+	runtime.Object
+}
+
+// world is the API server and etcd: every object, a global resource
+// version, and per resource the watch events not yet delivered to the
+// controller's informers (in order: one watch stream per resource).
+type world struct {
+	s       *Sim
+	objects map[string]map[string]object
+	pending map[string][]event
+	rv      int
+	uid     int
+}
+
+func newWorld(s *Sim) *world {
+	w := &world{s: s, objects: map[string]map[string]object{}, pending: map[string][]event{}}
+	for _, r := range resources {
+		w.objects[r] = map[string]object{}
+	}
+	return w
+}
+
+func keyOf(o object) string {
+	if o.GetNamespace() == "" {
+		return o.GetName()
+	}
+	return o.GetNamespace() + "/" + o.GetName()
+}
+
+func (w *world) get(resource, key string) object { return w.objects[resource][key] }
+
+// list returns a resource's objects sorted by key.
+func (w *world) list(resource string) []object {
+	keys := make([]string, 0, len(w.objects[resource]))
+	for k := range w.objects[resource] {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	out := make([]object, len(keys))
+	for i, k := range keys {
+		out[i] = w.objects[resource][k]
+	}
+	return out
+}
+
+func (w *world) emit(resource string, typ eventType, o object) {
+	w.pending[resource] = append(w.pending[resource], event{typ: typ, obj: o.DeepCopyObject()})
+}
+
+// create stores o (its UID and resource version set) and emits its event.
+func (w *world) create(resource string, o object) object {
+	w.rv++
+	w.uid++
+	o.SetResourceVersion(strconv.Itoa(w.rv))
+	if o.GetUID() == "" {
+		o.SetUID(types.UID(fmt.Sprintf("uid-%d", w.uid)))
+	}
+	w.objects[resource][keyOf(o)] = o
+	w.emit(resource, added, o)
+	return o
+}
+
+// update stores the changed o and emits its event.
+func (w *world) update(resource string, o object) {
+	w.rv++
+	o.SetResourceVersion(strconv.Itoa(w.rv))
+	w.objects[resource][keyOf(o)] = o
+	w.emit(resource, updated, o)
+}
+
+// remove deletes the object at key (it is gone: finalizers done).
+func (w *world) remove(resource, key string) {
+	o, ok := w.objects[resource][key]
+	if !ok {
+		return
+	}
+	w.rv++
+	delete(w.objects[resource], key)
+	w.emit(resource, deleted, o)
+}
+
+// deleteObject is a delete request: an object with finalizers only gets a
+// deletionTimestamp.
+func (w *world) deleteObject(resource, key string) {
+	o := w.objects[resource][key]
+	if o == nil {
+		return
+	}
+	if len(o.GetFinalizers()) == 0 {
+		w.remove(resource, key)
+		return
+	}
+	if o.GetDeletionTimestamp() == nil {
+		o = o.DeepCopyObject().(object)
+		now := metav1.NewTime(w.s.clock.Now())
+		o.SetDeletionTimestamp(&now)
+		w.update(resource, o)
+	}
+}
+
+func (w *world) node(name string) *v1.Node {
+	if o := w.get(rNodes, name); o != nil {
+		return o.(*v1.Node)
+	}
+	return nil
+}
+
+func (w *world) attachments() []*storagev1.VolumeAttachment {
+	var out []*storagev1.VolumeAttachment
+	for _, o := range w.list(rAttachments) {
+		out = append(out, o.(*storagev1.VolumeAttachment))
+	}
+	return out
+}
+
+// errInjected is an API failure the simulation injects.
+var errInjected = apierrors.NewInternalError(fmt.Errorf("injected failure"))
+
+// react serves the controller's API writes: VolumeAttachment create and
+// delete, node status patch (the task has yielded before: client.go). A
+// write may fail before or after it lands, and a controller killed while
+// the call was in flight never gets its answer.
+func (w *world) react(action k8stesting.Action) (bool, runtime.Object, error) {
+	s := w.s
+	killed := s.current != nil && s.current.killed
+	what := action.GetVerb() + " " + action.GetResource().Resource
+	if sub := action.GetSubresource(); sub != "" {
+		what += "/" + sub
+	}
+	if killed {
+		s.tracef("  %s: no answer, the controller is gone", what)
+		return true, nil, fmt.Errorf("connection refused")
+	}
+	if s.faults && s.chance(s.cfg.APIFailure) {
+		s.tracef("  %s: injected failure", what)
+		return true, nil, errInjected
+	}
+	var obj runtime.Object
+	var err error
+	handled := true
+	switch a := action.(type) {
+	case k8stesting.CreateAction:
+		if a.GetResource().Resource != rAttachments {
+			handled = false
+			break
+		}
+		obj, err = w.createAttachment(a.GetObject().(*storagev1.VolumeAttachment))
+		what += " " + a.GetObject().(*storagev1.VolumeAttachment).Name
+	case k8stesting.DeleteAction:
+		if a.GetResource().Resource != rAttachments {
+			handled = false
+			break
+		}
+		err = w.deleteAttachment(a.GetName(), a.GetDeleteOptions())
+		what += " " + a.GetName()
+	case k8stesting.PatchAction:
+		if a.GetResource().Resource != rNodes || a.GetSubresource() != "status" {
+			handled = false
+			break
+		}
+		obj, err = w.patchNodeStatus(a.GetName(), a.GetPatch())
+		what += " " + a.GetName()
+	default:
+		handled = false
+	}
+	if !handled || (obj == nil && err == nil && action.GetVerb() != "delete") {
+		s.violate("API", "unexpected API call %s", what)
+		return true, nil, fmt.Errorf("unexpected call %s", what)
+	}
+	if err == nil && s.faults && s.chance(s.cfg.APILostAnswer) {
+		// The write landed; its answer is lost.
+		s.tracef("  %s: landed, answer lost", what)
+		return true, nil, apierrors.NewTimeoutError("injected: answer lost", 1)
+	}
+	s.tracef("  %s: %v", what, errText(err))
+	return true, obj, err
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	return err.Error()
+}
+
+var vaResource = schema.GroupResource{Group: "storage.k8s.io", Resource: rAttachments}
+
+func (w *world) createAttachment(va *storagev1.VolumeAttachment) (runtime.Object, error) {
+	if w.get(rAttachments, va.Name) != nil {
+		return nil, apierrors.NewAlreadyExists(vaResource, va.Name)
+	}
+	va = va.DeepCopy()
+	w.create(rAttachments, va)
+	w.s.checkAttachmentCreated(va)
+	return va.DeepCopy(), nil
+}
+
+func (w *world) deleteAttachment(name string, opts metav1.DeleteOptions) error {
+	o := w.get(rAttachments, name)
+	if o == nil {
+		return apierrors.NewNotFound(vaResource, name)
+	}
+	va := o.(*storagev1.VolumeAttachment)
+	if p := opts.Preconditions; p != nil && p.UID != nil && *p.UID != va.UID {
+		return apierrors.NewConflict(vaResource, name, fmt.Errorf("UID precondition failed"))
+	}
+	if va.DeletionTimestamp == nil {
+		w.s.checkDetachStart(attachmentVolume(va), va.Spec.NodeName)
+	}
+	w.deleteObject(rAttachments, name)
+	return nil
+}
+
+// patchNodeStatus applies the controller's merge patch of
+// status.volumesAttached.
+func (w *world) patchNodeStatus(name string, patch []byte) (runtime.Object, error) {
+	n := w.node(name)
+	if n == nil {
+		return nil, apierrors.NewNotFound(schema.GroupResource{Resource: rNodes}, name)
+	}
+	var p struct {
+		Status struct {
+			VolumesAttached []v1.AttachedVolume `json:"volumesAttached"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal(patch, &p); err != nil {
+		return nil, apierrors.NewBadRequest(err.Error())
+	}
+	var fields map[string]map[string]any
+	if err := json.Unmarshal(patch, &fields); err != nil || len(fields) != 1 || len(fields["status"]) != 1 {
+		w.s.violate("API", "node status patch touches more than status.volumesAttached: %s", patch)
+	}
+	n = n.DeepCopy()
+	n.Status.VolumesAttached = p.Status.VolumesAttached
+	w.update(rNodes, n)
+	return n.DeepCopy(), nil
+}
+
+// attachmentVolume is the unique volume name a VolumeAttachment attaches.
+func attachmentVolume(va *storagev1.VolumeAttachment) string {
+	if va.Spec.Source.PersistentVolumeName != nil {
+		return *va.Spec.Source.PersistentVolumeName
+	}
+	if s := va.Spec.Source.InlineVolumeSpec; s != nil && s.CSI != nil {
+		return "inline:" + s.CSI.VolumeHandle
+	}
+	return "?"
+}
+
+// informer is a shared informer whose events the simulation delivers: its
+// cache and handlers are the controller's, its timing is the scheduler's.
+type informer struct {
+	toolscache.SharedIndexInformer // only the methods below are used
+	indexer                        toolscache.Indexer
+	handlers                       []toolscache.ResourceEventHandler
+	transform                      func(any) (any, error)
+}
+
+func newInformer(transform func(any) (any, error)) *informer {
+	return &informer{
+		indexer:   toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, toolscache.Indexers{}),
+		transform: transform,
+	}
+}
+
+func (i *informer) AddEventHandler(h toolscache.ResourceEventHandler) (toolscache.ResourceEventHandlerRegistration, error) {
+	i.handlers = append(i.handlers, h)
+	return nil, nil
+}
+
+func (i *informer) AddIndexers(ix toolscache.Indexers) error { return i.indexer.AddIndexers(ix) }
+func (i *informer) GetIndexer() toolscache.Indexer           { return i.indexer }
+func (i *informer) GetStore() toolscache.Store               { return i.indexer }
+func (i *informer) HasSynced() bool                          { return true }
+
+// deliver applies one watch event to the cache and calls the handlers.
+func (i *informer) deliver(ev event) {
+	obj, err := i.transform(ev.obj.DeepCopyObject())
+	if err != nil {
+		panic(err)
+	}
+	key, _ := toolscache.MetaNamespaceKeyFunc(obj)
+	old, exists, _ := i.indexer.GetByKey(key)
+	switch ev.typ {
+	case deleted:
+		if !exists {
+			return
+		}
+		_ = i.indexer.Delete(obj)
+		for _, h := range i.handlers {
+			h.OnDelete(obj)
+		}
+	default:
+		if exists {
+			_ = i.indexer.Update(obj)
+			for _, h := range i.handlers {
+				h.OnUpdate(old, obj)
+			}
+			return
+		}
+		_ = i.indexer.Add(obj)
+		for _, h := range i.handlers {
+			h.OnAdd(obj, false)
+		}
+	}
+}
+
+// resync calls the update handlers with every cached object, as an
+// informer's periodic resync does.
+func (i *informer) resync() {
+	keys := i.indexer.ListKeys()
+	slices.Sort(keys)
+	for _, k := range keys {
+		obj, ok, _ := i.indexer.GetByKey(k)
+		if !ok {
+			continue
+		}
+		for _, h := range i.handlers {
+			h.OnUpdate(obj, obj)
+		}
+	}
+}
+
+func joinNames(names []string) string { return strings.Join(names, ",") }
