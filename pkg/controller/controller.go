@@ -223,7 +223,7 @@ func New(cfg Config) (*Controller, error) {
 		volume.KindCSI:    mechanism.NewCSI(cfg.Client, c.attachments),
 		volume.KindInTree: mechanism.NewInTree(cfg.InTree),
 	}, cfg.Recorder, cfg.Metrics, cfg.Reconciler)
-	c.writer = nodestatus.NewWriter(cfg.Client, c.nodes, c.actual, NodeInfo)
+	c.writer = nodestatus.NewWriter(cfg.Client, c.actual, NodeInfo)
 
 	if err := c.addHandlers(); err != nil {
 		return nil, err

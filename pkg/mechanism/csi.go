@@ -82,7 +82,7 @@ func NewAttachment(name string, spec *volume.Spec, node string) *storagev1.Volum
 	return va
 }
 
-// Detach deletes the VolumeAttachment; done once it is gone.
+// Detach deletes the VolumeAttachment; done once the API says it is gone.
 func (c *CSI) Detach(ctx context.Context, a cache.Attachment) (bool, error) {
 	name := a.AttachmentName
 	if name == "" {
@@ -91,7 +91,16 @@ func (c *CSI) Detach(ctx context.Context, a cache.Attachment) (bool, error) {
 	}
 	va, err := c.attachments.Get(name)
 	if apierrors.IsNotFound(err) {
-		return true, nil
+		// The lister may not have seen it yet (a create whose event is
+		// still on its way): only the API can say it is gone.
+		err = c.client.StorageV1().VolumeAttachments().Delete(ctx, name, metav1.DeleteOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return true, nil
+		case err != nil:
+			return false, fmt.Errorf("delete VolumeAttachment %s: %w", name, err)
+		}
+		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("get VolumeAttachment %s: %w", name, err)

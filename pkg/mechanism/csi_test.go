@@ -230,7 +230,10 @@ func TestCSIDetach(t *testing.T) {
 		wantDone    bool
 		wantErr     string
 		wantDeleted bool // a delete call with the UID precondition
-		wantGone    bool // the object is gone from the API
+		// wantBlindDelete: a delete call with no precondition (the cache
+		// never saw the object, so its UID is unknown).
+		wantBlindDelete bool
+		wantGone        bool // the object is gone from the API
 	}{
 		{
 			name:       "deletes with a UID precondition; not done until gone",
@@ -244,7 +247,13 @@ func TestCSIDetach(t *testing.T) {
 			inAPI:      []*storagev1.VolumeAttachment{va(name1, nil)}, inCache: []*storagev1.VolumeAttachment{va(name1, nil)},
 			wantDeleted: true, wantGone: true,
 		},
-		{name: "not in the cache: done", attachment: named, wantDone: true, wantGone: true},
+		{name: "in neither the cache nor the API: done after the API says so", attachment: named, wantDone: true, wantBlindDelete: true, wantGone: true},
+		{
+			// Created, and its event not seen yet: the cache is no proof.
+			name:       "in the API, not yet in the cache: deleted, not done",
+			attachment: named, inAPI: []*storagev1.VolumeAttachment{va(name1, nil)},
+			wantBlindDelete: true, wantGone: true,
+		},
 		{
 			name:       "gone from the API since the cache saw it: done",
 			attachment: named, inCache: []*storagev1.VolumeAttachment{va(name1, nil)},
@@ -300,6 +309,10 @@ func TestCSIDetach(t *testing.T) {
 				if d.GetName() != name1 || d.DeleteOptions.Preconditions == nil || d.DeleteOptions.Preconditions.UID == nil ||
 					*d.DeleteOptions.Preconditions.UID != wantUID {
 					t.Errorf("delete %s with %+v, want %s with UID precondition %s", d.GetName(), d.DeleteOptions, name1, wantUID)
+				}
+			} else if tt.wantBlindDelete {
+				if len(deletes) != 1 || deletes[0].GetName() != name1 || deletes[0].DeleteOptions.Preconditions != nil {
+					t.Errorf("deletes %v, want one of %s with no precondition", deletes, name1)
 				}
 			} else if len(deletes) != 0 {
 				t.Errorf("deletes %v, want none", deletes)

@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
@@ -23,7 +22,6 @@ import (
 // Writer brings node.status.volumesAttached in line with the actual state.
 type Writer struct {
 	client kubernetes.Interface
-	nodes  corelisters.NodeLister
 	actual *cache.ActualState
 	facts  func(*v1.Node) cache.NodeInfo
 }
@@ -32,8 +30,8 @@ type Writer struct {
 // status write returns: the newest the controller can know, at least as new
 // as the write (kubelet may have mounted a volume just before a withdraw
 // landed; only that answer is sure to say so).
-func NewWriter(client kubernetes.Interface, nodes corelisters.NodeLister, actual *cache.ActualState, facts func(*v1.Node) cache.NodeInfo) *Writer {
-	return &Writer{client: client, nodes: nodes, actual: actual, facts: facts}
+func NewWriter(client kubernetes.Interface, actual *cache.ActualState, facts func(*v1.Node) cache.NodeInfo) *Writer {
+	return &Writer{client: client, actual: actual, facts: facts}
 }
 
 // Sync writes the node's report if it changed. It returns the keys whose
@@ -44,10 +42,9 @@ func (w *Writer) Sync(ctx context.Context, node string) ([]cache.Key, error) {
 	if !changed {
 		return nil, nil
 	}
-	if _, err := w.nodes.Get(node); apierrors.IsNotFound(err) {
-		// No Node object, no status to write: nothing is reported.
-		return w.actual.EndReport(node, nil, true), nil
-	}
+	// The lister may not know the Node yet, or any more: only the API's
+	// answer says that no status lists anything (a Node deleted and created
+	// again may carry what a write just put there).
 	patch, err := Patch(want)
 	if err != nil {
 		return w.actual.EndReport(node, want, false), err

@@ -13,9 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	k8stesting "k8s.io/client-go/testing"
-	clientcache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
@@ -48,17 +46,12 @@ type fixture struct {
 	writer *Writer
 }
 
-// newFixture builds a Writer over a fake clientset and a node lister, both
-// holding nodes (the informer in sync).
+// newFixture builds a Writer over a fake clientset holding nodes.
 func newFixture(t *testing.T, nodes []*v1.Node, attachments []cache.Attachment, patchErr error) *fixture {
 	t.Helper()
 	objs := make([]runtime.Object, 0, len(nodes))
-	indexer := clientcache.NewIndexer(clientcache.MetaNamespaceKeyFunc, clientcache.Indexers{})
 	for _, n := range nodes {
 		objs = append(objs, n)
-		if err := indexer.Add(n); err != nil {
-			t.Fatal(err)
-		}
 	}
 	client := fake.NewClientset(objs...)
 	if patchErr != nil {
@@ -71,7 +64,7 @@ func newFixture(t *testing.T, nodes []*v1.Node, attachments []cache.Attachment, 
 	for _, a := range attachments {
 		actual.Update(a.Key, true, func(at *cache.Attachment) { *at = a })
 	}
-	return &fixture{client: client, actual: actual, writer: NewWriter(client, corelisters.NewNodeLister(indexer), actual, testFacts)}
+	return &fixture{client: client, actual: actual, writer: NewWriter(client, actual, testFacts)}
 }
 
 func TestWriterSync(t *testing.T) {
@@ -123,8 +116,13 @@ func TestWriterSync(t *testing.T) {
 			wantReported: []v1.AttachedVolume{av(volA, "")},
 		},
 		{
-			name:        "node missing: no patch, empty report confirmed",
+			// The lister does not know the node (deleted, or created again
+			// and not seen yet): only the API's NotFound says nothing is
+			// listed; a re-created Node may carry what a write put there.
+			name:        "node unknown to the lister: patched anyway, NotFound confirms the empty report",
+			patchErr:    apierrors.NewNotFound(v1.Resource("nodes"), node),
 			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached, Reported: true, Withdrawn: true}, {Key: key(volB), State: cache.Attached}},
+			wantPatch:   `{"status":{"volumesAttached":[{"name":"kubernetes.io/csi/d.example.com^b","devicePath":""}]}}`,
 			wantKeys:    []cache.Key{key(volA)},
 		},
 		{

@@ -44,17 +44,36 @@ func (s *Sim) checkEveryStep() {
 	for name := range s.deletedNodes {
 		s.unhealthySeen[name] = now
 	}
+	// The max wait runs from when the volume stopped being wanted. A want
+	// starts it afresh only when it lasted long enough to be seen (a pod
+	// that lived only while its events were in flight may never be seen;
+	// a live pod's volume is guarded by the rule of its own).
 	for _, v := range s.vols {
 		for i := range s.cfg.Nodes {
 			p := pair{v.pv, nodeName(i)}
-			if wanted[p] {
+			if !wanted[p] {
+				delete(s.wantedSince, p)
+				if _, ok := s.unwantedSince[p]; !ok {
+					s.unwantedSince[p] = now
+				}
+				continue
+			}
+			if _, ok := s.wantedSince[p]; !ok {
+				s.wantedSince[p] = now
+			}
+			if now.Sub(s.wantedSince[p]) >= seenWant {
 				delete(s.unwantedSince, p)
-			} else if _, ok := s.unwantedSince[p]; !ok {
-				s.unwantedSince[p] = now
 			}
 		}
 	}
 }
+
+// seenWant is how long a want lasts before the controller must have seen
+// it; informerLag bounds how late a watch event is delivered.
+const (
+	seenWant    = 30 * time.Second
+	informerLag = 10 * time.Second
+)
 
 // attachedNodes returns, per PV, the nodes holding an attachment of it.
 func (s *Sim) attachedNodes() map[string][]string {

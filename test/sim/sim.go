@@ -91,6 +91,7 @@ type Sim struct {
 	// unwantedSince: since when no live pod wants the volume on the node;
 	// deletedInUse: what a node had mounted when its object was deleted.
 	unwantedSince map[pair]time.Time
+	wantedSince   map[pair]time.Time
 	deletedInUse  map[string][]string
 	deletedNodes  map[string]bool
 	// taintSeen and unhealthySeen: when each node last had the
@@ -106,7 +107,7 @@ func Run(seed int64, cfg Config) Result {
 		cfg: cfg, seed: seed, rng: rand.New(rand.NewSource(seed)),
 		clock:   clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
 		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
-		unwantedSince: map[pair]time.Time{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
+		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
 		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{},
 		ctx: simContext(),
 	}
@@ -328,6 +329,13 @@ func (s *Sim) nextTimer() (time.Time, bool) {
 func (s *Sim) advance(d time.Duration) {
 	if d < 0 {
 		d = 0
+	}
+	// Watch events are late, but not by much: those that would be more
+	// than informerLag late are delivered first.
+	for _, r := range resources {
+		for len(s.w.pending[r]) > 0 && !s.w.pending[r][0].at.Add(informerLag).After(s.clock.Now().Add(d)) {
+			s.deliver(r)
+		}
 	}
 	s.clock.SetTime(s.clock.Now().Add(d))
 	for _, q := range s.queues {

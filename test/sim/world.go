@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -43,6 +44,7 @@ const (
 type event struct {
 	typ eventType
 	obj runtime.Object
+	at  time.Time
 }
 
 // object is what every stored object is.
@@ -94,7 +96,7 @@ func (w *world) list(resource string) []object {
 }
 
 func (w *world) emit(resource string, typ eventType, o object) {
-	w.pending[resource] = append(w.pending[resource], event{typ: typ, obj: o.DeepCopyObject()})
+	w.pending[resource] = append(w.pending[resource], event{typ: typ, obj: o.DeepCopyObject(), at: w.s.clock.Now()})
 }
 
 // create stores o (its UID and resource version set) and emits its event.
