@@ -17,7 +17,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The stack `make demo` and `make test-e2e` run (test/e2e/stack).
 E2E_TOOLS := etcd kube-apiserver csi-attacher csi-mock-driver
 
-.PHONY: all build tools test test-unit test-integration test-e2e demo bench verify image clean
+.PHONY: all build tools test test-unit test-sim test-integration test-e2e demo bench verify image clean
 
 all: build
 
@@ -29,13 +29,20 @@ build:
 tools:
 	hack/build-tools.sh etcd kube-apiserver kube-controller-manager kubectl
 
-test: test-unit test-integration test-e2e
+test: test-unit test-sim test-integration test-e2e
 
 test-unit:
 	$(GO_TEST) $(TEST_FLAGS) -race ./pkg/... ./cmd/...
 
+# The deterministic simulation (test/sim): SIM_SEEDS seeds from SIM_FIRST_SEED;
+# SIM_SEED=N replays one seed with its whole trace.
+SIM_SEEDS ?= 1000
+test-sim:
+	SIM_SEEDS=$(SIM_SEEDS) $(GO_TEST) $(TEST_FLAGS) -timeout 30m -v -run 'TestSimulation|TestChecker' ./test/sim/ | \
+	  grep -E '^(=== RUN|--- |PASS|FAIL|ok)|simulation:|^ +(fault|event)|sim_test.go' ; exit $${PIPESTATUS[0]}
+
 test-integration: tools
-	$(GO_TEST) $(TEST_FLAGS) -timeout 20m $$(go list ./test/... | grep -v /test/e2e)
+	$(GO_TEST) $(TEST_FLAGS) -timeout 20m $$(go list ./test/... | grep -v -e /test/e2e -e /test/sim)
 
 # The controller binary with the real CSI external-attacher, a CSI mock driver
 # and simulated kubelets; test/e2e builds the controller and kubeletsim itself.

@@ -3,6 +3,11 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/klog/v2"
@@ -24,6 +29,9 @@ func (c *Controller) Recover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list VolumeAttachments: %w", err)
 	}
+	// In name order: a restart does the same in the same order (logs,
+	// events), whatever the order of the informers' maps.
+	slices.SortFunc(vas, func(a, b *storagev1.VolumeAttachment) int { return strings.Compare(a.Name, b.Name) })
 	for _, va := range vas {
 		if err := c.syncAttachment(ctx, va.Name); err != nil {
 			return err
@@ -33,6 +41,7 @@ func (c *Controller) Recover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list nodes: %w", err)
 	}
+	slices.SortFunc(nodes, func(a, b *v1.Node) int { return strings.Compare(a.Name, b.Name) })
 	for _, node := range nodes {
 		for _, av := range node.Status.VolumesAttached {
 			k := cache.Key{Volume: volume.Name(av.Name), Node: node.Name}
@@ -59,6 +68,9 @@ func (c *Controller) Recover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list pods: %w", err)
 	}
+	slices.SortFunc(pods, func(a, b *v1.Pod) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
 	for _, p := range pods {
 		if err := c.syncPod(ctx, p.Namespace+"/"+p.Name); err != nil {
 			return err

@@ -243,6 +243,7 @@ func (s *Sim) attacher() {
 	va := todo[s.rng.Intn(len(todo))].DeepCopy()
 	if va.DeletionTimestamp != nil {
 		if s.faults && s.chance(0.15) {
+			s.stats["fault: detach error"]++
 			va.Status.DetachError = &storagev1.VolumeError{Message: "injected detach error"}
 			s.tracef("attacher: detach error %s", va.Name)
 			s.w.update(rAttachments, va)
@@ -254,6 +255,7 @@ func (s *Sim) attacher() {
 	}
 	va.Finalizers = []string{"external-attacher/" + va.Spec.Attacher}
 	if s.faults && s.chance(0.15) {
+		s.stats["fault: attach error"]++
 		va.Status.AttachError = &storagev1.VolumeError{Message: "injected attach error"}
 		s.tracef("attacher: attach error %s", va.Name)
 	} else {

@@ -50,6 +50,7 @@ func (s *Sim) run(t *task, alive bool) {
 func (s *Sim) resumeAt(i int) {
 	t := s.paused[i]
 	s.paused = append(s.paused[:i], s.paused[i+1:]...)
+	s.stats["interleaving: task resumed after others ran"]++
 	s.tracef("resume task %d (%s)", t.id, t.desc)
 	s.run(t, !t.killed)
 }

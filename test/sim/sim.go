@@ -103,17 +103,7 @@ type pair struct{ pv, node string }
 
 // Run runs one seed.
 func Run(seed int64, cfg Config) Result {
-	s := &Sim{
-		cfg: cfg, seed: seed, rng: rand.New(rand.NewSource(seed)),
-		clock:   clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
-		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
-		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
-		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{},
-		ctx: simContext(),
-	}
-	s.w = newWorld(s)
-	s.setup()
-	s.newController()
+	s := newSim(seed, cfg)
 	s.faults = true
 	for s.step = 1; s.step <= cfg.Steps && len(s.violations) == 0; s.step++ {
 		s.act(true)
@@ -128,6 +118,22 @@ func Run(seed int64, cfg Config) Result {
 		res.Trace = res.Trace[len(res.Trace)-300:]
 	}
 	return res
+}
+
+// newSim sets up the world and starts the first controller.
+func newSim(seed int64, cfg Config) *Sim {
+	s := &Sim{
+		cfg: cfg, seed: seed, rng: rand.New(rand.NewSource(seed)),
+		clock:   clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
+		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
+		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
+		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{},
+		ctx: simContext(),
+	}
+	s.w = newWorld(s)
+	s.setup()
+	s.newController()
+	return s
 }
 
 func (s *Sim) chance(p float64) bool { return s.rng.Float64() < p }
@@ -410,6 +416,7 @@ func (p *iscsiPlugin) Attach(ctx context.Context, spec *volumeSpec, node string)
 		return "", fmt.Errorf("connection refused")
 	}
 	if s.faults && s.chance(s.cfg.APIFailure) {
+		s.stats["fault: iSCSI call failed"]++
 		s.tracef("  iscsi attach %s: injected failure", spec.Name)
 		return "", fmt.Errorf("injected iSCSI failure")
 	}
@@ -434,6 +441,7 @@ func (p *iscsiPlugin) Detach(ctx context.Context, name volumeName, node string) 
 		return fmt.Errorf("connection refused")
 	}
 	if s.faults && s.chance(s.cfg.APIFailure) {
+		s.stats["fault: iSCSI call failed"]++
 		s.tracef("  iscsi detach %s: injected failure", name)
 		return fmt.Errorf("injected iSCSI failure")
 	}

@@ -59,7 +59,7 @@ func TestSimulationReplaysExactly(t *testing.T) {
 		if !slices.Equal(a.Trace, b.Trace) {
 			for i := range min(len(a.Trace), len(b.Trace)) {
 				if a.Trace[i] != b.Trace[i] {
-					t.Fatalf("seed %d: traces differ at line %d:\n%s\n%s", seed, i, a.Trace[i], b.Trace[i])
+					t.Fatalf("seed %d: traces differ at line %d:\n%s\n%s\nbefore:\n%s", seed, i, a.Trace[i], b.Trace[i], strings.Join(a.Trace[max(0, i-8):i], "\n"))
 				}
 			}
 			t.Fatalf("seed %d: traces of %d and %d lines", seed, len(a.Trace), len(b.Trace))

@@ -184,6 +184,7 @@ func (w *world) react(action k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, fmt.Errorf("connection refused")
 	}
 	if s.faults && s.chance(s.cfg.APIFailure) {
+		s.stats["fault: API write failed"]++
 		s.tracef("  %s: injected failure", what)
 		return true, nil, errInjected
 	}
@@ -221,6 +222,7 @@ func (w *world) react(action k8stesting.Action) (bool, runtime.Object, error) {
 	}
 	if err == nil && s.faults && s.chance(s.cfg.APILostAnswer) {
 		// The write landed; its answer is lost.
+		s.stats["fault: API write landed, answer lost"]++
 		s.tracef("  %s: landed, answer lost", what)
 		return true, nil, apierrors.NewTimeoutError("injected: answer lost", 1)
 	}

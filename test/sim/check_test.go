@@ -1,0 +1,117 @@
+package sim
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The checker must catch each violation planted on purpose, and find
+// nothing in a world that is right.
+func TestCheckerCatchesPlantedViolations(t *testing.T) {
+	rwo0 := "kubernetes.io/csi/" + csiDriver + "^h-rwo-0"
+	attach := func(s *Sim, node string) *storagev1.VolumeAttachment {
+		pv := "rwo-0"
+		va := &storagev1.VolumeAttachment{
+			ObjectMeta: metav1.ObjectMeta{Name: "planted-" + node},
+			Spec: storagev1.VolumeAttachmentSpec{Attacher: csiDriver, NodeName: node,
+				Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pv}},
+			Status: storagev1.VolumeAttachmentStatus{Attached: true},
+		}
+		s.w.create(rAttachments, va)
+		return va
+	}
+	setNode := func(s *Sim, name string, f func(n *v1.Node)) {
+		n := s.w.node(name).DeepCopy()
+		f(n)
+		s.w.update(rNodes, n)
+	}
+	listed := func(n *v1.Node) {
+		n.Status.VolumesAttached = []v1.AttachedVolume{{Name: v1.UniqueVolumeName(rwo0)}}
+	}
+	mounted := func(n *v1.Node) { n.Status.VolumesInUse = []v1.UniqueVolumeName{v1.UniqueVolumeName(rwo0)} }
+	notReady := func(n *v1.Node) {
+		n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionFalse}}
+	}
+
+	for _, tc := range []struct {
+		name  string
+		plant func(s *Sim)
+		want  string // the invariant reported; empty: none
+	}{
+		{"a right world", func(s *Sim) {
+			s.createPod("rwo-0", nodeName(0))
+			attach(s, nodeName(0))
+			setNode(s, nodeName(0), func(n *v1.Node) { listed(n); mounted(n) })
+			s.checkEveryStep()
+			s.checkQuiet()
+		}, ""},
+		{"I1: RWO volume attached to two nodes", func(s *Sim) {
+			attach(s, nodeName(0))
+			attach(s, nodeName(1))
+			s.checkEveryStep()
+		}, "I1"},
+		{"I2: detach of a volume mounted on a Ready node", func(s *Sim) {
+			attach(s, nodeName(0))
+			setNode(s, nodeName(0), mounted)
+			s.checkEveryStep()
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+		}, "I2"},
+		{"I2: forced detach from a NotReady node before the max wait", func(s *Sim) {
+			attach(s, nodeName(0))
+			setNode(s, nodeName(0), func(n *v1.Node) { mounted(n); notReady(n) })
+			s.checkEveryStep()
+			s.clock.SetTime(s.clock.Now().Add(time.Minute))
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+		}, "I2"},
+		{"I2: detach of a volume a live pod uses on a NotReady node", func(s *Sim) {
+			s.createPod("rwo-0", nodeName(0))
+			attach(s, nodeName(0))
+			setNode(s, nodeName(0), func(n *v1.Node) { mounted(n); notReady(n) })
+			s.checkEveryStep()
+			s.clock.SetTime(s.clock.Now().Add(time.Hour))
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+		}, "I2"},
+		{"I3: detach while node status lists the volume", func(s *Sim) {
+			attach(s, nodeName(0))
+			setNode(s, nodeName(0), listed)
+			s.checkEveryStep()
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+		}, "I3"},
+		{"I4: quiet with a VolumeAttachment nobody wants", func(s *Sim) {
+			attach(s, nodeName(0))
+			setNode(s, nodeName(0), listed)
+			s.checkQuiet()
+		}, "I4"},
+		{"I4: quiet with a wanted volume not attached", func(s *Sim) {
+			s.createPod("rwx", nodeName(1))
+			s.checkQuiet()
+		}, "I4"},
+		{"I5: quiet with node status listing what is not attached", func(s *Sim) {
+			s.createPod("rwo-0", nodeName(0))
+			attach(s, nodeName(0))
+			setNode(s, nodeName(1), listed)
+			s.checkQuiet()
+		}, "I5"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(1, DefaultConfig())
+			defer s.kill()
+			tc.plant(s)
+			var got []string
+			for _, v := range s.violations {
+				got = append(got, strings.SplitN(v, ":", 2)[0])
+			}
+			switch {
+			case tc.want == "" && len(got) > 0:
+				t.Errorf("violations %q in a right world", s.violations)
+			case tc.want != "" && !strings.Contains(strings.Join(got, " "), tc.want):
+				t.Errorf("violations %q, want one of %s", s.violations, tc.want)
+			}
+		})
+	}
+}
