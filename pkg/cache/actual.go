@@ -279,6 +279,26 @@ func (a *ActualState) DeleteNode(name string) []Key {
 	return keys
 }
 
+// NodeGone records that the API answered that the Node object does not
+// exist, before its deletion was read from the informer: what it had
+// mounted last is unknown until then (SetNode with its last state, then
+// DeleteNode), so anything attached there may be mounted. It returns the
+// keys of its attachments.
+func (a *ActualState) NodeGone(name string) []Key {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n, ok := a.nodes[name]
+	if !ok || !n.info.Exists {
+		return nil
+	}
+	n.info = NodeInfo{Managed: n.info.Managed}
+	keys := make([]Key, 0, len(n.attachments))
+	for v := range n.attachments {
+		keys = append(keys, Key{Volume: v, Node: name})
+	}
+	return keys
+}
+
 // Node returns what is known of a node; ok is false for a node never seen.
 func (a *ActualState) Node(name string) (info NodeInfo, ok bool) {
 	a.mu.RLock()

@@ -29,6 +29,11 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 			// What the node had mounted when it went, not when last synced.
 			c.actual.SetNode(name, NodeInfo(last))
 		}
+		if n, ok := c.actual.Node(name); ok && !n.Exists && !n.Seen {
+			// Gone before this controller read it, or its status write
+			// found it gone: nothing says what it had mounted.
+			return nil
+		}
 		c.touch(c.actual.DeleteNode(name)...)
 		c.enqueuePods(indexByNode, name)
 		return nil
@@ -42,7 +47,9 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	}
 	info := NodeInfo(node)
 	touched := c.actual.SetNode(name, info)
-	if !known || !old.Exists || old.Managed != info.Managed {
+	if !known || !old.Exists || old.Managed != info.Managed || last != nil {
+		// Its pods were synced while the node was unknown, gone (a delete
+		// and a create may reach this sync as one) or unmanaged.
 		c.enqueuePods(indexByNode, name)
 	}
 	if !sameAttached(node.Status.VolumesAttached, c.actual.Reported(name)) && !c.actual.ReportInFlight(name) {

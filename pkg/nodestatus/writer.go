@@ -52,7 +52,9 @@ func (w *Writer) Sync(ctx context.Context, node string) ([]cache.Key, error) {
 	written, err := w.client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
 	switch {
 	case apierrors.IsNotFound(err):
-		return w.actual.EndReport(node, nil, true), nil
+		// Gone: what it had mounted is unknown until its deletion is read.
+		keys := w.actual.NodeGone(node)
+		return append(keys, w.actual.EndReport(node, nil, true)...), nil
 	case err != nil:
 		return w.actual.EndReport(node, want, false), fmt.Errorf("patch node %s status: %w", node, err)
 	}

@@ -123,7 +123,9 @@ func TestWriterSync(t *testing.T) {
 			patchErr:    apierrors.NewNotFound(v1.Resource("nodes"), node),
 			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached, Reported: true, Withdrawn: true}, {Key: key(volB), State: cache.Attached}},
 			wantPatch:   `{"status":{"volumesAttached":[{"name":"kubernetes.io/csi/d.example.com^b","devicePath":""}]}}`,
-			wantKeys:    []cache.Key{key(volA)},
+			// Every attachment of the gone node: what it had mounted is
+			// unknown now; A also for its confirmed withdrawal.
+			wantKeys: []cache.Key{key(volA), key(volA), key(volB)},
 		},
 		{
 			name:        "node deleted since the lister saw it: empty report confirmed",
@@ -131,7 +133,9 @@ func TestWriterSync(t *testing.T) {
 			patchErr:    apierrors.NewNotFound(v1.Resource("nodes"), node),
 			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached, Reported: true, Withdrawn: true}, {Key: key(volB), State: cache.Attached}},
 			wantPatch:   `{"status":{"volumesAttached":[{"name":"kubernetes.io/csi/d.example.com^b","devicePath":""}]}}`,
-			wantKeys:    []cache.Key{key(volA)},
+			// Every attachment of the gone node: what it had mounted is
+			// unknown now; A also for its confirmed withdrawal.
+			wantKeys: []cache.Key{key(volA), key(volA), key(volB)},
 		},
 		{
 			name:        "patch fails: error, withdrawn volume still reported",
