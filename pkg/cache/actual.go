@@ -111,6 +111,11 @@ type nodeEntry struct {
 	// dirty: node.status was seen holding a volume the controller does not
 	// report; the next write must correct it.
 	dirty bool
+	// unrecorded: volumes node.status may list with no attachment on
+	// record (detached since it was written, or listed by someone else):
+	// until a write confirms they are gone, an attachment recorded again
+	// under such a name counts as reported.
+	unrecorded map[volume.Name]bool
 }
 
 // NewActualState returns an empty ActualState.
@@ -150,7 +155,12 @@ func (a *ActualState) Update(k Key, create bool, fn func(*Attachment)) bool {
 			a.volumes[k.Volume] = byNode
 		}
 		byNode[k.Node] = at
-		a.nodeLocked(k.Node).attachments[k.Volume] = at
+		n := a.nodeLocked(k.Node)
+		n.attachments[k.Volume] = at
+		if n.unrecorded[k.Volume] {
+			at.Reported = true
+			delete(n.unrecorded, k.Volume)
+		}
 	}
 	before := *at
 	fn(at)
@@ -181,9 +191,22 @@ func (a *ActualState) Delete(k Key) bool {
 	}
 	if n := a.nodes[k.Node]; n != nil {
 		delete(n.attachments, k.Volume)
+		if at.Reported {
+			// Detached while node.status lists it: the next write must
+			// take it out, and until then it may be listed.
+			a.markUnrecordedLocked(n, k.Volume)
+		}
 		a.gcNodeLocked(k.Node)
 	}
 	return true
+}
+
+func (a *ActualState) markUnrecordedLocked(n *nodeEntry, v volume.Name) {
+	if n.unrecorded == nil {
+		n.unrecorded = map[volume.Name]bool{}
+	}
+	n.unrecorded[v] = true
+	n.dirty = true
 }
 
 // ByAttachmentName returns the key a VolumeAttachment was recorded under.
@@ -206,7 +229,7 @@ func (a *ActualState) nodeLocked(name string) *nodeEntry {
 
 // gcNodeLocked drops a node that is gone and has nothing attached.
 func (a *ActualState) gcNodeLocked(name string) {
-	if n := a.nodes[name]; n != nil && !n.info.Exists && len(n.attachments) == 0 {
+	if n := a.nodes[name]; n != nil && !n.info.Exists && len(n.attachments) == 0 && len(n.unrecorded) == 0 {
 		delete(a.nodes, name)
 	}
 }
@@ -385,7 +408,7 @@ func (a *ActualState) BeginReport(node string) (want []v1.AttachedVolume, change
 		}
 	}
 	slices.SortFunc(want, func(x, y v1.AttachedVolume) int { return strings.Compare(string(x.Name), string(y.Name)) })
-	changed = changed || n.dirty
+	changed = changed || n.dirty || len(n.unrecorded) > 0
 	n.writing = changed
 	return want, changed
 }
@@ -407,6 +430,10 @@ func (a *ActualState) EndReport(node string, written []v1.AttachedVolume, ok boo
 	// A failed write may not have landed: the next BeginReport must write
 	// again even when the Reported flags (set as if it had) show no change.
 	n.dirty = !ok
+	if ok && len(n.unrecorded) > 0 {
+		n.unrecorded = nil
+		defer a.gcNodeLocked(node)
+	}
 	in := make(map[volume.Name]bool, len(written))
 	for _, r := range written {
 		in[volume.Name(r.Name)] = true
@@ -525,6 +552,8 @@ func (a *ActualState) ObserveReport(node string, seen []v1.AttachedVolume) {
 	for _, r := range seen {
 		if at := n.attachments[volume.Name(r.Name)]; at != nil {
 			at.Reported = true
+		} else {
+			a.markUnrecordedLocked(n, volume.Name(r.Name))
 		}
 	}
 }

@@ -22,7 +22,10 @@ func (c *Controller) syncAttachment(ctx context.Context, name string) error {
 	va, err := c.attachments.Get(name)
 	if apierrors.IsNotFound(err) {
 		if k, ok := c.actual.ByAttachmentName(name); ok {
-			if a, _ := c.actual.Get(k); a.AttachmentName == name {
+			// Only an object that was seen is known to be gone: a create of
+			// the controller's own not seen yet may follow the delete of an
+			// older object of the same name.
+			if a, _ := c.actual.Get(k); a.AttachmentName == name && a.AttachmentUID != "" {
 				if !a.DetachStarted.IsZero() {
 					c.cfg.Metrics.ObserveOperation(volume.MetricPluginName(k.Volume), metrics.OperationDetach,
 						a.Spec != nil && a.Spec.Migrated, true, c.clock.Since(a.DetachStarted))

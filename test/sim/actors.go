@@ -339,9 +339,6 @@ func (s *Sim) workload() {
 			inUse = append(inUse, string(v))
 		}
 		s.deletedInUse[n.Name] = inUse
-		// iSCSI and FC attachers only record the attachment: the record
-		// is the node's status, gone with the Node object.
-		delete(s.intree, n.Name)
 		s.w.remove(rNodes, n.Name)
 		// The pod garbage collector deletes the pods bound to a node
 		// that no longer exists.
