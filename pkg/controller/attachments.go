@@ -25,7 +25,15 @@ func (c *Controller) syncAttachment(ctx context.Context, name string) error {
 			// Only an object that was seen is known to be gone: a create of
 			// the controller's own not seen yet may follow the delete of an
 			// older object of the same name.
-			if a, _ := c.actual.Get(k); a.AttachmentName == name && a.AttachmentUID != "" {
+			a, _ := c.actual.Get(k)
+			switch {
+			case a.AttachmentName != name:
+			case a.AttachmentUID == "":
+				// Not proof: the reconciler asks the API (an attach finds
+				// the object or creates it, a detach deletes it or learns
+				// that it is gone).
+				c.volumeQueue.Add(k)
+			default:
 				if !a.DetachStarted.IsZero() {
 					c.cfg.Metrics.ObserveOperation(volume.MetricPluginName(k.Volume), metrics.OperationDetach,
 						a.Spec != nil && a.Spec.Migrated, true, c.clock.Since(a.DetachStarted))

@@ -81,6 +81,13 @@ func (r *Reconciler) Decide(k cache.Key, now time.Time) Decision {
 		}
 		return d.with(Detach, "finishing the detach from node %s that started", k.Node)
 	}
+	if d.HasAttachment && d.Attachment.State == cache.Detaching && d.Attachment.Kind == volume.KindCSI &&
+		d.Attachment.AttachmentUID == "" && !d.Attachment.DetachStarted.IsZero() {
+		// Its delete was accepted and its object never seen: no event will
+		// say it is gone (its create and delete reached one sync). The API
+		// is asked again.
+		return d.with(Detach, "confirming with the API that the VolumeAttachment is gone")
+	}
 	if d.Desired {
 		return r.decideAttach(d, node)
 	}

@@ -370,6 +370,21 @@ func TestSync(t *testing.T) {
 			wantActual: map[cache.Key]attView{key(specB, node1): {State: cache.Attached, Reported: true}},
 		},
 		{
+			// The delete call failed or its answer was lost: the detach may
+			// be under way. It is finished before the volume is attached or
+			// reported again, even for a pod that wants it now.
+			name: "detach started, outcome unknown, wanted again: the detach is finished first",
+			pods: []wants{{podA, node1, []*volume.Spec{specA}}},
+			attachments: []cache.Attachment{attached(specA, node1, func(a *cache.Attachment) {
+				a.Reported, a.Withdrawn, a.DetachStarted = false, true, t0
+			})},
+			detach: map[volume.Name]detachReply{specA.Name: {done: false}},
+			steps: []step{
+				{key: key(specA, node1), wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Detaching, Withdrawn: true}},
+		},
+		{
 			name:        "withdrawn but still reported: detach waits",
 			attachments: []cache.Attachment{attached(specA, node1, func(a *cache.Attachment) { a.Withdrawn = true })},
 			steps:       []step{{key: key(specA, node1)}, {advance: time.Hour, key: key(specA, node1)}},
@@ -404,14 +419,30 @@ func TestSync(t *testing.T) {
 			wantActual: map[cache.Key]attView{},
 		},
 		{
-			name:        "detach completes later",
-			attachments: []cache.Attachment{attached(specA, node1, withdrawn)},
-			detach:      map[volume.Name]detachReply{specA.Name: {done: false}},
+			name: "detach completes later",
+			attachments: []cache.Attachment{attached(specA, node1, func(a *cache.Attachment) {
+				withdrawn(a)
+				a.AttachmentUID = "uid-va" // its object was seen: its deletion will be
+			})},
+			detach: map[volume.Name]detachReply{specA.Name: {done: false}},
 			steps: []step{
 				{key: key(specA, node1), wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
 				{name: "detaching: wait", key: key(specA, node1)},
 			},
 			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Detaching, Withdrawn: true, DetachWanted: true}},
+		},
+		{
+			// Created and deleted before any event showed it: no event will
+			// say it is gone, so each sync asks the API.
+			name:        "detaching, its object never seen: the API is asked again",
+			attachments: []cache.Attachment{attached(specA, node1, withdrawn)},
+			detach:      map[volume.Name]detachReply{specA.Name: {done: false}},
+			steps: []step{
+				{key: key(specA, node1), wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
+				{name: "gone per the API", before: func(e *env) { e.detach[specA.Name] = detachReply{done: true} }, key: key(specA, node1),
+					wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}, wantResult: Result{Detached: true}},
+			},
+			wantActual: map[cache.Key]attView{},
 		},
 		{
 			name:        "detach error is returned and recorded",

@@ -1,0 +1,124 @@
+package cache
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+// The cases below are the races the simulation (test/sim) found; each test
+// fails without the rule it names.
+
+func TestBeginDetachIsExclusiveWithTheReport(t *testing.T) {
+	now := time.Now()
+	kA := k(volA, "n1")
+	for _, tc := range []struct {
+		name     string
+		reported bool
+		writing  bool
+		want     bool
+	}{
+		{name: "not listed, no write: starts", want: true},
+		{name: "listed: waits for the write", reported: true},
+		{name: "a write under way may list it: waits", writing: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := NewActualState()
+			a.SetNode("n1", NodeInfo{Managed: true, Ready: true})
+			a.Update(kA, true, func(at *Attachment) { at.State = Uncertain; at.Reported = tc.reported })
+			if tc.writing {
+				a.Update(k(volB, "n1"), true, func(at *Attachment) { at.State = Attached })
+				if _, changed := a.BeginReport("n1"); !changed {
+					t.Fatal("no write begun")
+				}
+			}
+			if got := a.BeginDetach(kA, now); got != tc.want {
+				t.Fatalf("BeginDetach = %v, want %v", got, tc.want)
+			}
+			at, _ := a.Get(kA)
+			if started := !at.DetachStarted.IsZero(); started != tc.want || at.Withdrawn != tc.want {
+				t.Errorf("detach started %v, withdrawn %v; want both %v", started, at.Withdrawn, tc.want)
+			}
+			if !tc.want {
+				return
+			}
+			// Attached after the detach started (an informer event): it
+			// stays out of every later report.
+			a.Update(kA, false, func(at *Attachment) { at.State = Attached })
+			if list, _ := a.BeginReport("n1"); len(list) != 0 {
+				t.Errorf("report %v lists a volume whose detach started", list)
+			}
+		})
+	}
+}
+
+func TestSetNodeIgnoresOlderVersions(t *testing.T) {
+	a := NewActualState()
+	a.Update(k(volA, "n1"), true, func(at *Attachment) { at.State = Attached })
+	mounted := NodeInfo{Managed: true, Ready: true, ResourceVersion: "20", InUse: map[volume.Name]bool{volA: true}}
+	a.SetNode("n1", mounted)
+	older := NodeInfo{Managed: true, Ready: true, ResourceVersion: "19", InUse: map[volume.Name]bool{}}
+	if keys := a.SetNode("n1", older); keys != nil {
+		t.Errorf("older version touched %v", keys)
+	}
+	if n, _ := a.Node("n1"); !n.InUse[volA] || n.ResourceVersion != "20" {
+		t.Errorf("node %+v: an older version replaced what it had mounted", n)
+	}
+	if !a.Stale("n1", "19") || a.Stale("n1", "21") || a.Stale("n1", "") {
+		t.Error("Stale does not tell an older version from a newer or unknown one")
+	}
+	newer := NodeInfo{Managed: true, Ready: true, ResourceVersion: "21", InUse: map[volume.Name]bool{}}
+	if keys := a.SetNode("n1", newer); len(keys) != 1 {
+		t.Errorf("newer version touched %v, want the unmounted key", keys)
+	}
+}
+
+func TestNodeGoneMountsUnknownUntilItsLastStateIsRead(t *testing.T) {
+	a := NewActualState()
+	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, InUse: map[volume.Name]bool{}})
+	a.Update(k(volA, "n1"), true, func(at *Attachment) { at.State = Attached })
+	if keys := a.NodeGone("n1"); len(keys) != 1 {
+		t.Fatalf("NodeGone touched %v", keys)
+	}
+	n, _ := a.Node("n1")
+	if n.Exists || !n.Mounted(volA) {
+		t.Fatalf("gone node %+v: its volumes must count as mounted", n)
+	}
+	// The deleted object's last state, then the delete: what it had
+	// mounted then.
+	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, InUse: map[volume.Name]bool{volA: true}})
+	a.DeleteNode("n1")
+	if n, _ := a.Node("n1"); n.Exists || !n.Seen || !n.Mounted(volA) {
+		t.Errorf("deleted node %+v: want its last in-use list", n)
+	}
+}
+
+func TestDetachedWhileListedStaysListedUntilWritten(t *testing.T) {
+	a := NewActualState()
+	a.SetNode("n1", NodeInfo{Managed: true, Ready: true})
+	kA := k(volA, "n1")
+	a.Update(kA, true, func(at *Attachment) { at.State = Attached; at.Reported = true })
+	a.Delete(kA) // its VolumeAttachment went away while node status listed it
+	// Recorded again (attached anew) before any write: it may be listed.
+	a.Update(kA, true, func(at *Attachment) { at.State = Uncertain })
+	if !a.ReportPending(kA) || a.BeginDetach(kA, time.Now()) {
+		t.Fatal("a volume node status may still list is not reported")
+	}
+	list, changed := a.BeginReport("n1")
+	if !changed || len(list) != 0 {
+		t.Fatalf("BeginReport = %v, %v; want a write listing nothing", list, changed)
+	}
+	a.EndReport("n1", list, true)
+	if a.ReportPending(kA) || !a.BeginDetach(kA, time.Now()) {
+		t.Error("after the write, the detach may start")
+	}
+	// Erased and never recorded again: the next write still takes it out.
+	b := NewActualState()
+	b.SetNode("n1", NodeInfo{Managed: true, Ready: true})
+	b.Update(kA, true, func(at *Attachment) { at.State = Attached; at.Reported = true })
+	b.Delete(kA)
+	if _, changed := b.BeginReport("n1"); !changed {
+		t.Error("node status still lists a detached volume and no write is due")
+	}
+}
