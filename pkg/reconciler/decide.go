@@ -145,7 +145,9 @@ func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time
 		return d.with(Wait, "%s", reason)
 	}
 	d.Force = force
-	if !d.Attachment.Withdrawn && (d.Attachment.Reported || d.Attachment.State == cache.Attached) {
+	if !d.Attachment.Withdrawn {
+		// Every detach is withdrawn first, listed or not: the end of a
+		// node status write then re-queues it, whatever that write was.
 		return d.with(Withdraw, "no pod wants it; removing it from node %s status before the detach", k.Node)
 	}
 	if r.actual.ReportPending(k) {

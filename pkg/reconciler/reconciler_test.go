@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -383,6 +384,27 @@ func TestSync(t *testing.T) {
 				{key: key(specA, node1), wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
 			},
 			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Detaching, Withdrawn: true}},
+		},
+		{
+			// Not listed, not withdrawn, a write in flight: it is marked
+			// withdrawn, so that the end of that write re-queues it.
+			name: "uncertain, unlisted, a write in flight: withdrawn, woken by the write's end",
+			pods: []wants{{podB, node1, []*volume.Spec{specB}}},
+			attachments: []cache.Attachment{
+				{Key: key(specA, node1), State: cache.Uncertain, Kind: volume.KindCSI, Spec: specA},
+				attached(specB, node1, func(a *cache.Attachment) { a.Reported = false }),
+			},
+			detach: map[volume.Name]detachReply{specA.Name: {done: true}},
+			steps: []step{
+				{name: "write begun", before: func(e *env) { e.begin(node1) }, key: key(specA, node1),
+					wantResult: Result{WriteNodeStatus: true}},
+				{name: "write done", before: func(e *env) {
+					if keys := e.actual.EndReport(node1, e.writing[node1], true); !slices.Contains(keys, key(specA, node1)) {
+						e.t.Errorf("the end of the write re-queues %v, not the waiting key", keys)
+					}
+				}, key: key(specA, node1), wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}, wantResult: Result{Detached: true}},
+			},
+			wantActual: map[cache.Key]attView{key(specB, node1): {State: cache.Attached, Reported: true}},
 		},
 		{
 			name:        "withdrawn but still reported: detach waits",

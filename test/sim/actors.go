@@ -147,12 +147,23 @@ func live(p *v1.Pod) bool {
 
 func podPV(p *v1.Pod) string { return p.Annotations["sim/pv"] }
 
+// resolved: the pod's claim existed at some moment while the pod lived, so
+// its kubelet knows the volume (a pod whose claim never existed mounts
+// nothing).
+func (s *Sim) resolved(p *v1.Pod) bool {
+	k := keyOf(p)
+	if !s.podResolved[k] && s.w.get(rPVCs, ns+"/c-"+podPV(p)) != nil {
+		s.podResolved[k] = true
+	}
+	return s.podResolved[k]
+}
+
 // wanted: the volume is used by a live pod on an existing managed node.
 func (s *Sim) wanted() map[pair]bool {
 	out := map[pair]bool{}
 	for _, o := range s.w.list(rPods) {
 		p := o.(*v1.Pod)
-		if live(p) && s.w.node(p.Spec.NodeName) != nil {
+		if live(p) && s.resolved(p) && s.w.node(p.Spec.NodeName) != nil {
 			out[pair{podPV(p), p.Spec.NodeName}] = true
 		}
 	}
@@ -170,7 +181,7 @@ func (s *Sim) kubeletChange(n *v1.Node) []v1.UniqueVolumeName {
 	uses := map[string]bool{}
 	for _, o := range s.w.list(rPods) {
 		p := o.(*v1.Pod)
-		if p.Spec.NodeName == n.Name && live(p) {
+		if p.Spec.NodeName == n.Name && live(p) && s.resolved(p) {
 			for _, name := range s.volumeByPV(podPV(p)).names {
 				uses[name] = true
 			}

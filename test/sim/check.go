@@ -8,6 +8,9 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
 // The invariants, checked against the world (what the API holds and what
@@ -69,10 +72,12 @@ func (s *Sim) checkEveryStep() {
 }
 
 // seenWant is how long a want lasts before the controller must have seen
-// it; informerLag bounds how late a watch event is delivered.
+// it; informerLag bounds how late a watch event is delivered, workLag how
+// long a queued item waits for a worker.
 const (
 	seenWant    = 30 * time.Second
 	informerLag = 10 * time.Second
+	workLag     = 5 * time.Second
 )
 
 // attachedNodes returns, per PV, the nodes holding an attachment of it.
@@ -166,12 +171,14 @@ func (s *Sim) checkQuiet() {
 			continue
 		}
 		s.violate("I4", "quiet, but %s is not attached to %s where a live pod wants it (attached to %v)", p.pv, p.node, nodes)
+		s.explain(p.pv)
 	}
 	// Nothing unwanted is attached.
 	for pv, nodes := range attached {
 		for _, node := range nodes {
 			if !wanted[pair{pv, node}] {
 				s.violate("I4", "quiet, but %s stays attached to %s where no live pod wants it", pv, node)
+				s.explain(pv)
 			}
 		}
 	}
@@ -208,4 +215,19 @@ func (s *Sim) attachedName(va *storagev1.VolumeAttachment) string {
 		}
 	}
 	return fmt.Sprintf("?%s", va.Name)
+}
+
+// explain traces what the controller says of a volume on every node.
+func (s *Sim) explain(pv string) {
+	if s.ctrl == nil {
+		return
+	}
+	for _, name := range s.volumeByPV(pv).names {
+		for i := range s.cfg.Nodes {
+			e := s.ctrl.Explain(cache.Key{Volume: volume.Name(name), Node: nodeName(i)})
+			if e.State != "" || e.Desired {
+				s.tracef("  explain %s@%s: %+v", name, nodeName(i), e)
+			}
+		}
+	}
 }

@@ -19,6 +19,7 @@ type queue[T comparable] struct {
 
 	mu         sync.Mutex
 	dirty      map[T]bool
+	since      map[T]time.Time // when a dirty item was added
 	processing map[T]bool
 	delayed    map[T]time.Time
 	failures   map[T]int
@@ -29,13 +30,33 @@ type queue[T comparable] struct {
 var _ workqueue.TypedRateLimitingInterface[string] = (*queue[string])(nil)
 
 func newQueue[T comparable](s *Sim, name string) *queue[T] {
-	return &queue[T]{s: s, name: name, dirty: map[T]bool{}, processing: map[T]bool{}, delayed: map[T]time.Time{}, failures: map[T]int{}}
+	return &queue[T]{s: s, name: name, dirty: map[T]bool{}, since: map[T]time.Time{}, processing: map[T]bool{}, delayed: map[T]time.Time{}, failures: map[T]int{}}
 }
 
 func (q *queue[T]) Add(x T) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.addLocked(x)
+}
+
+func (q *queue[T]) addLocked(x T) {
+	if !q.dirty[x] {
+		q.since[x] = q.s.clock.Now()
+	}
 	q.dirty[x] = true
+}
+
+// oldestReady is when the longest-waiting item a worker may take was added.
+func (q *queue[T]) oldestReady() (time.Time, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var first time.Time
+	for x := range q.dirty {
+		if at := q.since[x]; !q.processing[x] && (first.IsZero() || at.Before(first)) {
+			first = at
+		}
+	}
+	return first, !first.IsZero()
 }
 
 // ready returns the items a worker may take now, sorted (map order must not
@@ -80,6 +101,7 @@ func (q *queue[T]) Get() (T, bool) {
 	x := *q.next
 	q.next = nil
 	delete(q.dirty, x)
+	delete(q.since, x)
 	q.processing[x] = true
 	return x, false
 }
@@ -172,7 +194,7 @@ func (q *queue[T]) fire(now time.Time) {
 	for x, at := range q.delayed {
 		if !at.After(now) {
 			delete(q.delayed, x)
-			q.dirty[x] = true
+			q.addLocked(x)
 		}
 	}
 }
@@ -192,6 +214,7 @@ type runnable interface {
 	nextTimer() (time.Time, bool)
 	fire(now time.Time)
 	idle() bool
+	oldestReady() (time.Time, bool)
 	Len() int
 }
 

@@ -45,8 +45,10 @@ type Config struct {
 
 // DefaultConfig is what `make test` runs for each seed.
 func DefaultConfig() Config {
+	// A max wait for unmount shorter than the default lets forced detaches
+	// happen within a run's simulated minutes (the rule is the same).
 	return Config{Steps: 400, QuietSteps: 4000, Nodes: 3, Workers: 3, APIFailure: 0.08, APILostAnswer: 0.04,
-		Restart: 0.08, MaxWaitForUnmount: 6 * time.Minute}
+		Restart: 0.08, MaxWaitForUnmount: 90 * time.Second}
 }
 
 // Result is what a run did and found.
@@ -92,6 +94,7 @@ type Sim struct {
 	// deletedInUse: what a node had mounted when its object was deleted.
 	unwantedSince map[pair]time.Time
 	wantedSince   map[pair]time.Time
+	podResolved   map[string]bool
 	deletedInUse  map[string][]string
 	deletedNodes  map[string]bool
 	// taintSeen and unhealthySeen: when each node last had the
@@ -126,10 +129,10 @@ func newSim(seed int64, cfg Config) *Sim {
 		cfg: cfg, seed: seed, rng: rand.New(rand.NewSource(seed)),
 		clock:   clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
 		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
-		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
+		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]bool{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
 		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{},
-		ctx: simContext(),
 	}
+	s.ctx = s.logContext()
 	s.w = newWorld(s)
 	s.setup()
 	s.newController()
@@ -267,7 +270,9 @@ func (s *Sim) act(chaos bool) (progress bool) {
 		}
 	}
 	if chaos {
-		add(1, "time", func() { s.advance(time.Duration(s.rng.Intn(5000)) * time.Millisecond) })
+		if d := s.timeRoom(); d > 0 {
+			add(1, "time", func() { s.advance(time.Duration(s.rng.Int63n(int64(min(d, 10*time.Second))) + 1)) })
+		}
 		add(2.5, "workload", s.workload)
 		add(s.cfg.Restart, "restart", s.restart)
 		add(0.2, "resync", s.resync)
@@ -320,6 +325,18 @@ func (s *Sim) work(q runnable) {
 	s.tracef("work %s", desc)
 	c := s.ctrl
 	s.start(desc, func() { c.Process(s.ctx, name) })
+}
+
+// timeRoom is how far time may move now: a worker takes a queued item
+// within workLag, as a running process does.
+func (s *Sim) timeRoom() time.Duration {
+	room := time.Duration(1<<62 - 1)
+	for _, q := range s.queues {
+		if at, ok := q.oldestReady(); ok {
+			room = min(room, at.Add(workLag).Sub(s.clock.Now()))
+		}
+	}
+	return room
 }
 
 func (s *Sim) nextTimer() (time.Time, bool) {
@@ -453,10 +470,12 @@ func (p *iscsiPlugin) Detach(ctx context.Context, name volumeName, node string) 
 	return intree.ISCSI{}.Detach(ctx, name, node)
 }
 
-func simContext() context.Context {
+// logContext is the controller's logging: discarded, or with SIM_LOG set,
+// its V(4) logs in the trace, in order with the steps.
+func (s *Sim) logContext() context.Context {
 	if os.Getenv("SIM_LOG") != "" {
 		return klog.NewContext(context.Background(), funcr.New(func(prefix, args string) {
-			fmt.Fprintln(os.Stderr, prefix, args)
+			s.tracef("  log %s %s", prefix, args)
 		}, funcr.Options{Verbosity: 4}))
 	}
 	return klog.NewContext(context.Background(), logr.Discard())
