@@ -20,6 +20,10 @@ import (
 func (c *Controller) syncAttachment(ctx context.Context, name string) error {
 	logger := klog.FromContext(ctx)
 	va, err := c.attachments.Get(name)
+	if err == nil && c.csi.Gone(name, va.UID) {
+		// A cached copy of an object the API said is gone.
+		err = apierrors.NewNotFound(storagev1.Resource("volumeattachments"), name)
+	}
 	if apierrors.IsNotFound(err) {
 		if k, ok := c.actual.ByAttachmentName(name); ok {
 			// Only an object that was seen is known to be gone: a create of

@@ -146,6 +146,7 @@ type Controller struct {
 	nodeView   *migration.NodeView
 	reconciler *reconciler.Reconciler
 	writer     *nodestatus.Writer
+	csi        *mechanism.CSI
 
 	podQueue        workqueue.TypedRateLimitingInterface[string]
 	nodeQueue       workqueue.TypedRateLimitingInterface[string]
@@ -219,8 +220,9 @@ func New(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 
+	c.csi = mechanism.NewCSI(cfg.Client, c.attachments)
 	c.reconciler = reconciler.New(c.desired, c.actual, map[volume.Kind]reconciler.Mechanism{
-		volume.KindCSI:    mechanism.NewCSI(cfg.Client, c.attachments),
+		volume.KindCSI:    c.csi,
 		volume.KindInTree: mechanism.NewInTree(cfg.InTree),
 	}, cfg.Recorder, cfg.Metrics, cfg.Reconciler)
 	c.writer = nodestatus.NewWriter(cfg.Client, c.actual, NodeInfo)

@@ -6,10 +6,12 @@ package mechanism
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 
@@ -23,20 +25,62 @@ import (
 type CSI struct {
 	client      kubernetes.Interface
 	attachments storagelisters.VolumeAttachmentLister
+
+	// gone remembers the VolumeAttachments the API said are gone, by name
+	// and UID, while the lister may still hold them: a cached copy of an
+	// object known gone is not attached, nor detaching.
+	mu   sync.Mutex
+	gone map[string]types.UID
 }
 
 var _ reconciler.Mechanism = (*CSI)(nil)
 
 // NewCSI returns the CSI mechanism.
 func NewCSI(client kubernetes.Interface, attachments storagelisters.VolumeAttachmentLister) *CSI {
-	return &CSI{client: client, attachments: attachments}
+	return &CSI{client: client, attachments: attachments, gone: map[string]types.UID{}}
+}
+
+// Gone reports whether the VolumeAttachment name with uid is known gone
+// from the API though the lister may still show it.
+func (c *CSI) Gone(name string, uid types.UID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	g, ok := c.gone[name]
+	return ok && g == uid
+}
+
+// lookup reads a VolumeAttachment from the lister, as absent when the API
+// said it is gone; it forgets what the lister no longer shows.
+func (c *CSI) lookup(name string) (*storagev1.VolumeAttachment, error) {
+	va, err := c.attachments.Get(name)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	g, known := c.gone[name]
+	switch {
+	case err != nil && apierrors.IsNotFound(err) && known:
+		delete(c.gone, name)
+	case err == nil && known && g == va.UID:
+		return nil, apierrors.NewNotFound(storagev1.Resource("volumeattachments"), name)
+	case err == nil && known:
+		delete(c.gone, name)
+	}
+	return va, err
+}
+
+func (c *CSI) forget(name string, uid types.UID) {
+	if uid == "" {
+		return
+	}
+	c.mu.Lock()
+	c.gone[name] = uid
+	c.mu.Unlock()
 }
 
 // Attach creates the VolumeAttachment unless it exists, and reports its state.
 func (c *CSI) Attach(ctx context.Context, spec *volume.Spec, node string) (reconciler.AttachResult, error) {
 	name := volume.AttachmentName(spec.VolumeHandle, spec.Driver, node)
 	res := reconciler.AttachResult{AttachmentName: name}
-	va, err := c.attachments.Get(name)
+	va, err := c.lookup(name)
 	switch {
 	case err == nil:
 		return res, attachmentState(va, &res)
@@ -89,7 +133,7 @@ func (c *CSI) Detach(ctx context.Context, a cache.Attachment) (bool, error) {
 		_, driver, handle := volume.Parse(a.Volume)
 		name = volume.AttachmentName(handle, driver, a.Node)
 	}
-	va, err := c.attachments.Get(name)
+	va, err := c.lookup(name)
 	if apierrors.IsNotFound(err) {
 		// The lister may not have seen it yet (a create whose event is
 		// still on its way): only the API can say it is gone.
@@ -115,6 +159,7 @@ func (c *CSI) Detach(ctx context.Context, a cache.Attachment) (bool, error) {
 	err = c.client.StorageV1().VolumeAttachments().Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 	switch {
 	case apierrors.IsNotFound(err):
+		c.forget(name, uid)
 		return true, nil
 	case err != nil:
 		return false, fmt.Errorf("delete VolumeAttachment %s: %w", name, err)
