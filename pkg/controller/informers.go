@@ -187,7 +187,7 @@ func (c *Controller) addHandlers() error {
 			},
 		}},
 		{inf.Nodes, toolscache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { c.nodeChanged(nil, obj) },
+			AddFunc:    c.nodeAdded,
 			UpdateFunc: c.nodeChanged,
 			DeleteFunc: c.nodeDeleted,
 		}},
@@ -226,12 +226,28 @@ func objectHandler(fn func(obj any)) toolscache.ResourceEventHandlerFuncs {
 // controller wrote or carries nothing the controller reads (heartbeats).
 func (c *Controller) nodeChanged(oldObj, obj any) {
 	if o, ok := oldObj.(*v1.Node); ok {
-		if n, ok := obj.(*v1.Node); ok && sameNodeFacts(o, n) {
+		n, ok := obj.(*v1.Node)
+		if ok && sameNodeFacts(o, n) {
 			return
+		}
+		if ok && managed(o) != managed(n) {
+			// Its pods need attaching (or no longer) only now.
+			c.enqueuePods(indexByNode, n.Name)
 		}
 	}
 	if k, err := toolscache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 		c.nodeQueue.Add(k)
+	}
+}
+
+// nodeAdded queues the node and its pods: a pod synced while its node was
+// not in the lister needs nothing, and this add is the one change that
+// makes it need something again. (The node sync can't tell: a status write
+// may have recorded the node as existing before its add was read.)
+func (c *Controller) nodeAdded(obj any) {
+	c.nodeChanged(nil, obj)
+	if n, ok := obj.(*v1.Node); ok {
+		c.enqueuePods(indexByNode, n.Name)
 	}
 }
 

@@ -64,7 +64,7 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 // NodeInfo is what the controller reads of a Node.
 func NodeInfo(node *v1.Node) cache.NodeInfo {
 	info := cache.NodeInfo{Exists: true, ResourceVersion: node.ResourceVersion, InUse: map[volume.Name]bool{}}
-	_, info.Managed = node.Annotations[managedAnnotation]
+	info.Managed = managed(node)
 	for _, c := range node.Status.Conditions {
 		if c.Type == v1.NodeReady {
 			info.Ready = c.Status == v1.ConditionTrue

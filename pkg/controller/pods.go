@@ -55,8 +55,14 @@ func (c *Controller) needsAttach(pod *v1.Pod) bool {
 	if err != nil {
 		return false
 	}
-	_, managed := node.Annotations[managedAnnotation]
-	return managed
+	return managed(node)
+}
+
+// managed tells whether the node's kubelet leaves attach and detach to
+// this controller.
+func managed(node *v1.Node) bool {
+	_, ok := node.Annotations[managedAnnotation]
+	return ok
 }
 
 // podTerminated is upstream's IsPodTerminated: the pod Succeeded or Failed,
