@@ -12,6 +12,8 @@ import (
 	"k8s.io/component-base/config/options"
 	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/server"
 )
 
 // Options are the command line settings.
@@ -23,6 +25,9 @@ type Options struct {
 	Logs           *logsapi.LoggingConfiguration
 	LeaderElection componentbaseconfig.LeaderElectionConfiguration
 	HTTPEndpoint   string
+	// Serving is the secure endpoint: HTTPS, delegated authentication and
+	// authorization.
+	Serving *server.Options
 
 	ReconcileSyncPeriod         time.Duration
 	DisableReconcileSync        bool
@@ -49,6 +54,7 @@ func NewOptions() *Options {
 			ResourceName:      "attach-detach-controller",
 			ResourceNamespace: "kube-system",
 		},
+		Serving:             server.NewOptions(),
 		ReconcileSyncPeriod: time.Minute,
 		MaxWaitForUnmount:   6 * time.Minute,
 		Workers:             10,
@@ -62,7 +68,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Burst, "kube-api-burst", o.Burst, "Burst of queries to the API server.")
 	logsapi.AddFlags(o.Logs, fs)
 	options.BindLeaderElectionFlags(&o.LeaderElection, fs)
-	fs.StringVar(&o.HTTPEndpoint, "http-endpoint", o.HTTPEndpoint, "Address (host:port) serving /metrics, /healthz and /readyz. Empty: not served.")
+	o.Serving.AddFlags(fs)
+	fs.StringVar(&o.HTTPEndpoint, "http-endpoint", o.HTTPEndpoint,
+		"Address (host:port) serving /metrics, /healthz, /livez and /readyz in plain HTTP without authentication, for local use (never /explain). Empty: not served.")
 	fs.DurationVar(&o.ReconcileSyncPeriod, "attach-detach-reconcile-sync-period", o.ReconcileSyncPeriod,
 		"Period of the sync that compares attached volumes with their VolumeAttachments (at least 1s).")
 	fs.BoolVar(&o.DisableReconcileSync, "disable-attach-detach-reconcile-sync", o.DisableReconcileSync, "Disable the periodic sync.")
@@ -108,6 +116,7 @@ func (o *Options) Validate(gate featuregate.FeatureGate) error {
 			errs = append(errs, errors.New("--leader-elect-resource-name and --leader-elect-resource-namespace must not be empty"))
 		}
 	}
+	errs = append(errs, o.Serving.Validate()...)
 	if err := logsapi.Validate(o.Logs, gate, nil).ToAggregate(); err != nil {
 		errs = append(errs, err)
 	}
