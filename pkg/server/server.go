@@ -59,7 +59,9 @@ type Options struct {
 }
 
 // NewOptions returns kube-controller-manager's defaults, with this
-// controller's port and certificate name.
+// controller's certificate name. The port is 0 (not served): the command
+// sets DefaultPort, so that in-process runs (tests) bind nothing unless they
+// ask.
 func NewOptions() *Options {
 	o := &Options{
 		SecureServing:  apiserveroptions.NewSecureServingOptions(),
@@ -69,7 +71,7 @@ func NewOptions() *Options {
 	// The certificate is generated in memory when none is given.
 	o.SecureServing.ServerCert.CertDirectory = ""
 	o.SecureServing.ServerCert.PairName = "attach-detach-controller"
-	o.SecureServing.BindPort = DefaultPort
+	o.SecureServing.BindPort = 0
 	// Outside a cluster (a test, a local run) the kubeconfig of the
 	// controller is used; see Config.
 	o.Authentication.RemoteKubeConfigFileOptional = true
@@ -95,7 +97,9 @@ func (o *Options) Validate() []error {
 
 // Enabled says whether the secure endpoint is served (--secure-port 0
 // turns it off).
-func (o *Options) Enabled() bool { return o.SecureServing.BindPort != 0 || o.SecureServing.Listener != nil }
+func (o *Options) Enabled() bool {
+	return o.SecureServing.BindPort != 0 || o.SecureServing.Listener != nil
+}
 
 // Server is the configured secure endpoint.
 type Server struct {
