@@ -61,13 +61,16 @@ func startControllerEnv(t *testing.T, r *rendered, kubeconfig string, env ...str
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	var args []string
 	for _, a := range r.args(t) {
-		if !strings.HasPrefix(a, "--http-endpoint=") {
+		if !strings.HasPrefix(a, "--http-endpoint=") && !strings.HasPrefix(a, "--secure-port=") {
 			args = append(args, a)
 		}
 	}
 	args = append(args,
 		"--kubeconfig="+kubeconfig,
 		"--http-endpoint="+addr,
+		// The secure port and its readers are tested in
+		// test/integration/process; here the plain endpoint is scraped.
+		"--secure-port=0",
 		"--leader-elect-lease-duration=4s",
 		"--leader-elect-renew-deadline=3s",
 		"--leader-elect-retry-period=500ms",
