@@ -34,6 +34,7 @@ type Options struct {
 	DisableForceDetachOnTimeout bool
 	MaxWaitForUnmount           time.Duration
 	Workers                     int
+	OtherWriterCheckPeriod      time.Duration
 
 	ShowVersion bool
 }
@@ -54,10 +55,11 @@ func NewOptions() *Options {
 			ResourceName:      "attach-detach-controller",
 			ResourceNamespace: "kube-system",
 		},
-		Serving:             server.NewOptions(),
-		ReconcileSyncPeriod: time.Minute,
-		MaxWaitForUnmount:   6 * time.Minute,
-		Workers:             10,
+		Serving:                server.NewOptions(),
+		ReconcileSyncPeriod:    time.Minute,
+		MaxWaitForUnmount:      6 * time.Minute,
+		Workers:                10,
+		OtherWriterCheckPeriod: time.Minute,
 	}
 }
 
@@ -79,6 +81,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.MaxWaitForUnmount, "max-wait-for-unmount", o.MaxWaitForUnmount,
 		"How long a volume still mounted on an unhealthy (not Ready or deleted) node is waited for before it is detached anyway.")
 	fs.IntVar(&o.Workers, "workers", o.Workers, "Number of volume/node pairs reconciled at once (1-1000). Node statuses are written by one writer, one patch per node carrying all its changes.")
+	fs.DurationVar(&o.OtherWriterCheckPeriod, "other-writer-check-period", o.OtherWriterCheckPeriod,
+		"Period of the check for another attach/detach controller (kube-controller-manager's) writing VolumeAttachments or node.status.volumesAttached beside this one (at least 1s; 0 disables it).")
 	fs.BoolVar(&o.ShowVersion, "version", false, "Print the version and exit.")
 }
 
@@ -96,6 +100,9 @@ func (o *Options) Validate(gate featuregate.FeatureGate) error {
 	}
 	if o.MaxWaitForUnmount <= 0 {
 		errs = append(errs, fmt.Errorf("--max-wait-for-unmount must be greater than 0, got %s", o.MaxWaitForUnmount))
+	}
+	if o.OtherWriterCheckPeriod != 0 && o.OtherWriterCheckPeriod < time.Second {
+		errs = append(errs, fmt.Errorf("--other-writer-check-period must be 0 or at least 1s, got %s", o.OtherWriterCheckPeriod))
 	}
 	if o.Workers < 1 || o.Workers > 1000 {
 		errs = append(errs, fmt.Errorf("--workers must be between 1 and 1000, got %d", o.Workers))

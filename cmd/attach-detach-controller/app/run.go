@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
@@ -28,6 +30,7 @@ import (
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/controller"
+	"github.com/kube-attach/attach-detach-controller/pkg/guard"
 	"github.com/kube-attach/attach-detach-controller/pkg/intree"
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
 	"github.com/kube-attach/attach-detach-controller/pkg/migration"
@@ -119,12 +122,56 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 		}
 		current.Store(c.c)
 		defer current.Store(nil)
+		stopGuard, err := startGuard(ctx, o, config, c, reg)
+		if err != nil {
+			c.broadcaster.Shutdown()
+			return err
+		}
+		defer stopGuard()
 		return c.Run(ctx, &ready)
 	}
 	if !o.LeaderElection.LeaderElect {
 		return runController(ctx)
 	}
 	return runLeading(ctx, o, config, healthz, runController)
+}
+
+// startGuard runs the check for another attach/detach controller
+// (pkg/guard) while the controller runs; the returned function stops it and
+// waits for it.
+func startGuard(ctx context.Context, o *Options, config *rest.Config, c *controllerRun, reg prometheus.Registerer) (func(), error) {
+	if o.OtherWriterCheckPeriod == 0 {
+		return func() {}, nil
+	}
+	mc, err := metadata.NewForConfig(rest.AddUserAgent(config, "attach-detach-controller-guard"))
+	if err != nil {
+		return nil, fmt.Errorf("create metadata client: %w", err)
+	}
+	// The API server names a writer after its user agent's first word: the
+	// command's name (rest.AddUserAgent keeps it first).
+	self, _, _ := strings.Cut(rest.DefaultKubernetesUserAgent(), "/")
+	g, err := guard.New(guard.Config{
+		Client:     mc,
+		Self:       []string{self},
+		Since:      time.Now().Add(-time.Second),
+		Period:     o.OtherWriterCheckPeriod,
+		Recorder:   c.broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "attachdetach-controller"}),
+		Registerer: reg,
+	})
+	if err != nil {
+		return nil, err
+	}
+	guardCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		g.Run(guardCtx)
+	}()
+	return func() {
+		cancel()
+		<-done
+		g.Unregister()
+	}, nil
 }
 
 func restConfig(o *Options) (*rest.Config, error) {
