@@ -54,6 +54,12 @@ func startController(t *testing.T, r *rendered, kubeconfig string) *controller {
 // ("NAME=value").
 func startControllerEnv(t *testing.T, r *rendered, kubeconfig string, env ...string) *controller {
 	t.Helper()
+	return startControllerWith(t, r, kubeconfig, nil, env...)
+}
+
+// startControllerWith is startControllerEnv with extra arguments.
+func startControllerWith(t *testing.T, r *rendered, kubeconfig string, extraArgs []string, env ...string) *controller {
+	t.Helper()
 	port, err := framework.FreePort()
 	if err != nil {
 		t.Fatal(err)
@@ -75,6 +81,7 @@ func startControllerEnv(t *testing.T, r *rendered, kubeconfig string, env ...str
 		"--leader-elect-renew-deadline=3s",
 		"--leader-elect-retry-period=500ms",
 	)
+	args = append(args, extraArgs...)
 	if len(env) == 0 {
 		return &controller{p: framework.StartProcess(t, binary, args...), url: "http://" + addr}
 	}
