@@ -67,7 +67,7 @@ type Config struct {
 	// Recorder posts the Warning event, on the object written.
 	Recorder record.EventRecorder
 	// Registerer receives the metric
-	// attachdetach_controller_other_writers{resource,manager}.
+	// attachdetach_controller_other_writer_objects{resource}.
 	Registerer prometheus.Registerer
 }
 
@@ -98,11 +98,14 @@ func New(cfg Config) (*Guard, error) {
 	g := &Guard{
 		cfg: cfg,
 		writers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "attachdetach_controller_other_writers",
-			Help: "Objects whose attach/detach fields another field manager (another attach/detach controller) wrote since this one leads, by resource and manager; 0 when none.",
-		}, []string{"resource", "manager"}),
+			Name: "attachdetach_controller_other_writer_objects",
+			Help: "Objects whose attach/detach fields another field manager (another attach/detach controller) wrote since this one leads, by resource (nodes: status.volumesAttached, volumeattachments: spec); 0 when none.",
+		}, []string{"resource"}),
 		nodeFindings: map[string]Finding{},
 		reported:     map[string]bool{},
+	}
+	for _, r := range []string{nodesGVR.Resource, vasGVR.Resource} {
+		g.writers.WithLabelValues(r).Set(0)
 	}
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(g.writers); err != nil {
@@ -151,12 +154,13 @@ func (g *Guard) Check(ctx context.Context) ([]Finding, error) {
 	}
 	found := append(vas, nodes...)
 	counts := map[[2]string]int{}
+	perResource := map[string]int{nodesGVR.Resource: 0, vasGVR.Resource: 0}
 	for _, f := range found {
 		counts[[2]string{f.Resource, f.Manager}]++
+		perResource[f.Resource]++
 	}
-	g.writers.Reset()
-	for k, n := range counts {
-		g.writers.WithLabelValues(k[0], k[1]).Set(float64(n))
+	for r, n := range perResource {
+		g.writers.WithLabelValues(r).Set(float64(n))
 	}
 	for k, n := range counts {
 		logger.Error(nil, "Another attach/detach controller writes beside this one: disable it (kube-controller-manager --controllers=*,-attachdetach)",

@@ -10,6 +10,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
@@ -296,8 +297,22 @@ func TestServerSideDryRun(t *testing.T) {
 // PrometheusRule CRDs, which the test API server does not have.
 func TestOverlayServerSideDryRun(t *testing.T) {
 	out, objs := render(t, overlayKustomization)
-	for _, kind := range []string{"ServiceMonitor", "PrometheusRule", "Deployment", "ClusterRole"} {
+	for _, kind := range []string{"ServiceMonitor", "PrometheusRule", "Deployment"} {
 		find(t, objs, kind, "")
+	}
+	find(t, objs, "ClusterRole", "attach-detach-controller")
+	// Prometheus may read /metrics.
+	b := convert[rbacv1.ClusterRoleBinding](t, find(t, objs, "ClusterRoleBinding", "attach-detach-controller:metrics-reader"))
+	if b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != "attach-detach-controller:metrics-reader" || len(b.Subjects) != 1 {
+		t.Errorf("ClusterRoleBinding %s binds %s %s to %v, want the ClusterRole attach-detach-controller:metrics-reader to Prometheus' service account", b.Name, b.RoleRef.Kind, b.RoleRef.Name, b.Subjects)
+	}
+	sm := find(t, objs, "ServiceMonitor", "")
+	endpoints, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+	for _, e := range endpoints {
+		e := e.(map[string]any)
+		if e["scheme"] != "https" || (e["bearerTokenFile"] == nil && e["authorization"] == nil) {
+			t.Errorf("ServiceMonitor endpoint %v: want scheme https with a bearer token", e)
+		}
 	}
 	svc := find(t, objs, "Service", "")
 	if len(svc.GetAnnotations()) != 0 {
