@@ -35,6 +35,7 @@ import (
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
 	"github.com/kube-attach/attach-detach-controller/pkg/migration"
 	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
+	"github.com/kube-attach/attach-detach-controller/pkg/server"
 )
 
 // Retry policy after a failed operation, as upstream: 500ms doubling, capped
@@ -44,6 +45,9 @@ const (
 	// change of its node); it takes a small share of the API budget while
 	// attaches are being created, so its writes batch more.
 	statusWorkers = 1
+
+	// scrapeInterval: scrapes within it share one gather of the metrics.
+	scrapeInterval = 2 * time.Second
 
 	retryBase = 500 * time.Millisecond
 	retryMax  = 2*time.Minute + 2*time.Second
@@ -394,9 +398,11 @@ type endpoints struct {
 func newEndpoints(reg *prometheus.Registry, healthz *leaderelection.HealthzAdaptor, ready *atomic.Bool, leaderElect bool,
 	current *atomic.Pointer[controller.Controller]) *endpoints {
 	return &endpoints{
-		// A scrape that takes longer than the server's request timeout
-		// is cut short rather than left to pile up.
-		metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{MaxRequestsInFlight: 4, Timeout: 20 * time.Second}),
+		// Scrapes share one gather per interval (it reads the caches under
+		// their locks), at most 4 are served at once, and one that takes
+		// longer than 20s is cut short rather than left to pile up.
+		metrics: promhttp.HandlerFor(server.NewCachedGatherer(reg, scrapeInterval),
+			promhttp.HandlerOpts{MaxRequestsInFlight: 4, Timeout: 20 * time.Second}),
 		healthz: func(w http.ResponseWriter, r *http.Request) {
 			if healthz != nil {
 				if err := healthz.Check(r); err != nil {

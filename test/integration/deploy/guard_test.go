@@ -3,6 +3,7 @@ package deploy
 import (
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,7 +23,9 @@ func TestGuardSeesKubeControllerManager(t *testing.T) {
 	r := renderBase(t)
 	kubeconfig := serviceAccountKubeconfig(t, r)
 	s := newScene(t, "guard", "")
-	ours := startControllerWith(t, r, kubeconfig, []string{"--other-writer-check-period=1s"})
+	// A Lease long enough to survive being paused below.
+	ours := startControllerWith(t, r, kubeconfig, []string{"--other-writer-check-period=1s",
+		"--leader-elect-lease-duration=60s", "--leader-elect-renew-deadline=50s", "--leader-elect-retry-period=1s"})
 	ours.waitStarted(t)
 
 	// Alone: attaches and reports, and the guard stays quiet.
@@ -47,12 +50,25 @@ func TestGuardSeesKubeControllerManager(t *testing.T) {
 		t.Fatalf("the guard logs another controller while this one runs alone")
 	}
 
-	// kube-controller-manager's attachdetach controller starts beside it and
-	// writes node.status.volumesAttached (and VolumeAttachments).
+	// kube-controller-manager's attachdetach controller starts beside it.
+	// Two controllers writing the same content leave no trace (the API
+	// server drops a write that changes nothing), so this one is paused
+	// while a new pod comes: kube-controller-manager creates its
+	// VolumeAttachment, as it does whenever it is first.
 	kcm := startKubeControllerManager(t)
 	defer kcm.stop(t)
+	if err := ours.p.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
 	two := s.volume("two", "handle-two")
 	s.createPod(two)
+	framework.Eventually(t, 30*time.Second, func() (bool, error) {
+		va, err := s.attachment(two)
+		return va != nil, err
+	}, "kube-controller-manager creates the VolumeAttachment of %s", two.name)
+	if err := ours.p.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
 	s.waitAttached(two)
 	s.waitReported(two, true)
 
