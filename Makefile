@@ -28,6 +28,7 @@ build:
 # from the Go module proxy (hack/tools); a second run reuses them.
 tools:
 	hack/build-tools.sh etcd kube-apiserver kube-controller-manager kubectl
+	hack/install-promtool.sh
 
 test: test-unit test-integration test-e2e
 
