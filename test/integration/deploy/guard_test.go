@@ -26,6 +26,9 @@ func TestGuardSeesKubeControllerManager(t *testing.T) {
 	// A Lease long enough to survive being paused below.
 	ours := startControllerWith(t, r, kubeconfig, []string{"--other-writer-check-period=1s",
 		"--leader-elect-lease-duration=60s", "--leader-elect-renew-deadline=50s", "--leader-elect-retry-period=1s"})
+	// Stopped with SIGTERM, so that it releases the Lease the next test's
+	// controller takes (a kill would leave it held for 60s).
+	defer ours.stop(t)
 	ours.waitStarted(t)
 
 	// Alone: attaches and reports, and the guard stays quiet.
