@@ -126,6 +126,7 @@ func (g *Guard) Unregister() {
 func (g *Guard) Run(ctx context.Context) {
 	logger := klog.FromContext(ctx).WithName("guard")
 	ctx = klog.NewContext(ctx, logger)
+	logger.Info("Checking for another attach/detach controller", "period", g.cfg.Period, "self", g.cfg.Self)
 	t := time.NewTicker(g.cfg.Period)
 	defer t.Stop()
 	for {
