@@ -260,7 +260,7 @@ func (g *Guard) other(gvr schema.GroupVersionResource, m *metav1.ObjectMeta, sub
 		if e.Subresource != subresource || e.Time == nil || e.Time.Time.Before(g.cfg.Since) || g.self(e.Manager) {
 			continue
 		}
-		if e.FieldsV1 == nil || !bytes.Contains(e.FieldsV1.Raw, []byte(`"`+field+`"`)) {
+		if e.FieldsV1 == nil || !bytes.Contains(e.FieldsV1.GetRawBytes(), []byte(`"`+field+`"`)) {
 			continue
 		}
 		if f.Time.IsZero() || e.Time.Time.After(f.Time) {

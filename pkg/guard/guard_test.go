@@ -19,7 +19,7 @@ func entry(manager, subresource, fields string, at time.Time) metav1.ManagedFiel
 	return metav1.ManagedFieldsEntry{
 		Manager: manager, Operation: metav1.ManagedFieldsOperationUpdate, Subresource: subresource,
 		Time: &metav1.Time{Time: at}, FieldsType: "FieldsV1",
-		FieldsV1: &metav1.FieldsV1{Raw: []byte(fields)},
+		FieldsV1: metav1.NewFieldsV1(fields),
 	}
 }
 
