@@ -28,6 +28,7 @@ build:
 # from the Go module proxy (hack/tools); a second run reuses them.
 tools:
 	hack/build-tools.sh etcd kube-apiserver kube-controller-manager kubectl
+	hack/install-promtool.sh
 
 test: test-unit test-sim test-integration test-e2e
 
@@ -65,7 +66,7 @@ verify:
 	hack/verify-dockerfile.sh
 	hack/verify-manifests.sh
 	@# Kubernetes libraries stay on one release.
-	@bad="$$(go list -m -f '{{.Path}} {{.Version}}' all | awk '$$1 ~ /^k8s\.io\/(api|apimachinery|client-go|component-base|csi-translation-lib)$$/ && $$2 !~ /^v0\.36\./')"; \
+	@bad="$$(go list -m -f '{{.Path}} {{.Version}}' all | awk '$$1 ~ /^k8s\.io\/(api|apimachinery|apiserver|client-go|component-base|csi-translation-lib|kms)$$/ && $$2 !~ /^v0\.36\./')"; \
 	  if [[ -n "$$bad" ]]; then echo "Kubernetes libraries must stay on v0.36.x:"; echo "$$bad"; exit 1; fi
 
 # Side by side with kube-controller-manager's attachdetach controller on one

@@ -4,7 +4,7 @@
 #   1. its invariants: a multi-stage build whose final stage is distroless
 #      static (or scratch), run as the non-root user 65532, with a Go build
 #      that has CGO off, -trimpath and the version stamped with -ldflags from
-#      a build argument; a .dockerignore that keeps the context small, and a
+#      a build argument; every base image pinned by digest; a .dockerignore that keeps the context small, and a
 #      binary that needs nothing of the repository but what the image copies;
 #   2. its build command, run here as the build stage runs it (only the
 #      output directory differs), gives a statically linked binary whose
@@ -31,7 +31,14 @@ stages="$(grep -ciE '^FROM[[:space:]]' <<<"${instructions}" || true)"
 [[ "${stages}" -ge 2 ]] || fail "want a multi-stage build, found ${stages} FROM"
 
 final_from="$(grep -iE '^FROM[[:space:]]' <<<"${instructions}" | tail -n1)"
-final_image="$(awk '{for (i = 2; i <= NF; i++) if ($i !~ /^--/) {print $i; exit}}' <<<"${final_from}")"
+final_image_ref="$(awk '{for (i = 2; i <= NF; i++) if ($i !~ /^--/) {print $i; exit}}' <<<"${final_from}")"
+final_image="${final_image_ref%@*}"
+# Every base image is pinned by digest (scratch is no image).
+while IFS= read -r from; do
+  ref="$(awk '{for (i = 2; i <= NF; i++) if ($i !~ /^--/) {print $i; exit}}' <<<"${from}")"
+  [[ "${ref}" == scratch ]] && continue
+  [[ "${ref}" =~ @sha256:[0-9a-f]{64}$ ]] || fail "base image ${ref} is not pinned by digest (want image:tag@sha256:<64 hex>)"
+done < <(grep -iE '^FROM[[:space:]]' <<<"${instructions}")
 case "${final_image}" in
   gcr.io/distroless/static:nonroot | gcr.io/distroless/static-debian*:nonroot | scratch) ;;
   *) fail "final stage is ${final_image}, want gcr.io/distroless/static:nonroot or scratch" ;;

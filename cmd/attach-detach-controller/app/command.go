@@ -14,6 +14,8 @@ import (
 	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
 	"os/signal"
 	"syscall"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/server"
 )
 
 // Version is stamped at build time with -ldflags "-X ...app.Version=...".
@@ -22,6 +24,9 @@ var Version = "dev"
 // NewCommand returns the root command.
 func NewCommand() *cobra.Command {
 	o := NewOptions()
+	// The process serves its secure port by default, as
+	// kube-controller-manager does; in-process runs (NewOptions) do not.
+	o.Serving.SecureServing.BindPort = server.DefaultPort
 	gate := featuregate.NewFeatureGate()
 	if err := logsapi.AddFeatureGates(gate); err != nil {
 		panic(err) // only fails on a duplicate gate: a programming error

@@ -12,6 +12,8 @@ import (
 	"k8s.io/component-base/config/options"
 	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/server"
 )
 
 // Options are the command line settings.
@@ -23,12 +25,16 @@ type Options struct {
 	Logs           *logsapi.LoggingConfiguration
 	LeaderElection componentbaseconfig.LeaderElectionConfiguration
 	HTTPEndpoint   string
+	// Serving is the secure endpoint: HTTPS, delegated authentication and
+	// authorization.
+	Serving *server.Options
 
 	ReconcileSyncPeriod         time.Duration
 	DisableReconcileSync        bool
 	DisableForceDetachOnTimeout bool
 	MaxWaitForUnmount           time.Duration
 	Workers                     int
+	OtherWriterCheckPeriod      time.Duration
 
 	ShowVersion bool
 }
@@ -49,9 +55,11 @@ func NewOptions() *Options {
 			ResourceName:      "attach-detach-controller",
 			ResourceNamespace: "kube-system",
 		},
-		ReconcileSyncPeriod: time.Minute,
-		MaxWaitForUnmount:   6 * time.Minute,
-		Workers:             10,
+		Serving:                server.NewOptions(),
+		ReconcileSyncPeriod:    time.Minute,
+		MaxWaitForUnmount:      6 * time.Minute,
+		Workers:                10,
+		OtherWriterCheckPeriod: time.Minute,
 	}
 }
 
@@ -62,7 +70,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Burst, "kube-api-burst", o.Burst, "Burst of queries to the API server.")
 	logsapi.AddFlags(o.Logs, fs)
 	options.BindLeaderElectionFlags(&o.LeaderElection, fs)
-	fs.StringVar(&o.HTTPEndpoint, "http-endpoint", o.HTTPEndpoint, "Address (host:port) serving /metrics, /healthz and /readyz. Empty: not served.")
+	o.Serving.AddFlags(fs)
+	fs.StringVar(&o.HTTPEndpoint, "http-endpoint", o.HTTPEndpoint,
+		"Address (host:port) serving /metrics, /healthz, /livez and /readyz in plain HTTP without authentication, for local use (never /explain). Empty: not served.")
 	fs.DurationVar(&o.ReconcileSyncPeriod, "attach-detach-reconcile-sync-period", o.ReconcileSyncPeriod,
 		"Period of the sync that compares attached volumes with their VolumeAttachments (at least 1s).")
 	fs.BoolVar(&o.DisableReconcileSync, "disable-attach-detach-reconcile-sync", o.DisableReconcileSync, "Disable the periodic sync.")
@@ -71,6 +81,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.MaxWaitForUnmount, "max-wait-for-unmount", o.MaxWaitForUnmount,
 		"How long a volume still mounted on an unhealthy (not Ready or deleted) node is waited for before it is detached anyway.")
 	fs.IntVar(&o.Workers, "workers", o.Workers, "Number of volume/node pairs reconciled at once (1-1000). Node statuses are written by one writer, one patch per node carrying all its changes.")
+	fs.DurationVar(&o.OtherWriterCheckPeriod, "other-writer-check-period", o.OtherWriterCheckPeriod,
+		"Period of the check for another attach/detach controller (kube-controller-manager's) writing VolumeAttachments or node.status.volumesAttached beside this one (at least 1s; 0 disables it).")
 	fs.BoolVar(&o.ShowVersion, "version", false, "Print the version and exit.")
 }
 
@@ -88,6 +100,9 @@ func (o *Options) Validate(gate featuregate.FeatureGate) error {
 	}
 	if o.MaxWaitForUnmount <= 0 {
 		errs = append(errs, fmt.Errorf("--max-wait-for-unmount must be greater than 0, got %s", o.MaxWaitForUnmount))
+	}
+	if o.OtherWriterCheckPeriod != 0 && o.OtherWriterCheckPeriod < time.Second {
+		errs = append(errs, fmt.Errorf("--other-writer-check-period must be 0 or at least 1s, got %s", o.OtherWriterCheckPeriod))
 	}
 	if o.Workers < 1 || o.Workers > 1000 {
 		errs = append(errs, fmt.Errorf("--workers must be between 1 and 1000, got %d", o.Workers))
@@ -108,6 +123,7 @@ func (o *Options) Validate(gate featuregate.FeatureGate) error {
 			errs = append(errs, errors.New("--leader-elect-resource-name and --leader-elect-resource-namespace must not be empty"))
 		}
 	}
+	errs = append(errs, o.Serving.Validate()...)
 	if err := logsapi.Validate(o.Logs, gate, nil).ToAggregate(); err != nil {
 		errs = append(errs, err)
 	}

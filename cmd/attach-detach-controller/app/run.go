@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
@@ -28,10 +30,12 @@ import (
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/controller"
+	"github.com/kube-attach/attach-detach-controller/pkg/guard"
 	"github.com/kube-attach/attach-detach-controller/pkg/intree"
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
 	"github.com/kube-attach/attach-detach-controller/pkg/migration"
 	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
+	"github.com/kube-attach/attach-detach-controller/pkg/server"
 )
 
 // Retry policy after a failed operation, as upstream: 500ms doubling, capped
@@ -41,6 +45,9 @@ const (
 	// change of its node); it takes a small share of the API budget while
 	// attaches are being created, so its writes batch more.
 	statusWorkers = 1
+
+	// scrapeInterval: scrapes within it share one gather of the metrics.
+	scrapeInterval = 2 * time.Second
 
 	retryBase = 500 * time.Millisecond
 	retryMax  = 2*time.Minute + 2*time.Second
@@ -100,7 +107,13 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 		healthz = leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	}
 	var current atomic.Pointer[controller.Controller]
-	stopHTTP, err := serveHTTP(ctx, o.HTTPEndpoint, reg, healthz, &ready, o.LeaderElection.LeaderElect, &current)
+	e := newEndpoints(reg, healthz, &ready, o.LeaderElection.LeaderElect, &current)
+	stopSecure, err := serveSecure(ctx, o, e)
+	if err != nil {
+		return err
+	}
+	defer stopSecure()
+	stopHTTP, err := serveHTTP(ctx, o.HTTPEndpoint, e)
 	if err != nil {
 		return err
 	}
@@ -113,12 +126,56 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 		}
 		current.Store(c.c)
 		defer current.Store(nil)
+		stopGuard, err := startGuard(ctx, o, config, c, reg)
+		if err != nil {
+			c.broadcaster.Shutdown()
+			return err
+		}
+		defer stopGuard()
 		return c.Run(ctx, &ready)
 	}
 	if !o.LeaderElection.LeaderElect {
 		return runController(ctx)
 	}
 	return runLeading(ctx, o, config, healthz, runController)
+}
+
+// startGuard runs the check for another attach/detach controller
+// (pkg/guard) while the controller runs; the returned function stops it and
+// waits for it.
+func startGuard(ctx context.Context, o *Options, config *rest.Config, c *controllerRun, reg prometheus.Registerer) (func(), error) {
+	if o.OtherWriterCheckPeriod == 0 {
+		return func() {}, nil
+	}
+	mc, err := metadata.NewForConfig(rest.AddUserAgent(config, "attach-detach-controller-guard"))
+	if err != nil {
+		return nil, fmt.Errorf("create metadata client: %w", err)
+	}
+	// The API server names a writer after its user agent's first word: the
+	// command's name (rest.AddUserAgent keeps it first).
+	self, _, _ := strings.Cut(rest.DefaultKubernetesUserAgent(), "/")
+	g, err := guard.New(guard.Config{
+		Client:     mc,
+		Self:       []string{self},
+		Since:      time.Now().Add(-time.Second),
+		Period:     o.OtherWriterCheckPeriod,
+		Recorder:   c.broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "attachdetach-controller"}),
+		Registerer: reg,
+	})
+	if err != nil {
+		return nil, err
+	}
+	guardCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		g.Run(guardCtx)
+	}()
+	return func() {
+		cancel()
+		<-done
+		g.Unregister()
+	}, nil
 }
 
 func restConfig(o *Options) (*rest.Config, error) {
@@ -249,6 +306,10 @@ func runLeading(ctx context.Context, o *Options, config *rest.Config, healthz *l
 	var leading atomic.Bool
 	var runErr error
 	done := make(chan struct{})
+	// Closed when the controller run by OnStartedLeading has returned:
+	// client-go's Run returns as soon as renewals stop, without waiting for
+	// that callback.
+	runDone := make(chan struct{})
 	go func() {
 		// Not leading when asked to stop: stop campaigning at once.
 		select {
@@ -269,6 +330,7 @@ func runLeading(ctx context.Context, o *Options, config *rest.Config, healthz *l
 		WatchDog:        healthz,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(leCtx context.Context) {
+				defer close(runDone)
 				leading.Store(true)
 				logger.Info("Became leader", "identity", id)
 				runCtx, cancel := context.WithCancel(ctx)
@@ -280,7 +342,12 @@ func runLeading(ctx context.Context, o *Options, config *rest.Config, healthz *l
 					cancel()
 				}()
 				runErr = run(runCtx)
-				if ctx.Err() == nil && runErr == nil {
+				if ctx.Err() == nil && leCtx.Err() != nil {
+					// The Lease could not be renewed: another replica may lead
+					// now. Exit non-zero at once, as kube-controller-manager
+					// does, so that the pod restarts as a standby.
+					runErr = errLeaseLost
+				} else if ctx.Err() == nil && runErr == nil {
 					runErr = errLeaseLost
 				}
 				cancel()
@@ -299,53 +366,126 @@ func runLeading(ctx context.Context, o *Options, config *rest.Config, healthz *l
 	if err != nil {
 		return fmt.Errorf("leader election: %w", err)
 	}
+	// /healthz fails when this replica leads but has not renewed the Lease
+	// for too long; client-go only wires the watchdog in RunOrDie.
+	if healthz != nil {
+		healthz.SetLeaderElection(le)
+	}
 	le.Run(electorCtx)
 	close(done)
+	// Run returns without its context cancelled only when renewals failed,
+	// so the controller was started: wait for it to stop.
+	if electorCtx.Err() == nil || leading.Load() {
+		<-runDone
+	}
 	if runErr != nil && !errors.Is(runErr, context.Canceled) {
+		logger.Error(runErr, "Exiting", "identity", id)
 		return runErr
 	}
 	logger.Info("Exiting")
 	return nil
 }
 
-func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, healthz *leaderelection.HealthzAdaptor,
-	ready *atomic.Bool, leaderElect bool, current *atomic.Pointer[controller.Controller]) (func(), error) {
+// endpoints are the handlers served on the secure port and, without
+// /explain, on --http-endpoint.
+type endpoints struct {
+	metrics http.Handler
+	healthz http.HandlerFunc
+	readyz  http.HandlerFunc
+	explain http.HandlerFunc
+}
+
+func newEndpoints(reg *prometheus.Registry, healthz *leaderelection.HealthzAdaptor, ready *atomic.Bool, leaderElect bool,
+	current *atomic.Pointer[controller.Controller]) *endpoints {
+	return &endpoints{
+		// Scrapes share one gather per interval (it reads the caches under
+		// their locks), at most 4 are served at once, and one that takes
+		// longer than 20s is cut short rather than left to pile up.
+		metrics: promhttp.HandlerFor(server.NewCachedGatherer(reg, scrapeInterval),
+			promhttp.HandlerOpts{MaxRequestsInFlight: 4, Timeout: 20 * time.Second}),
+		healthz: func(w http.ResponseWriter, r *http.Request) {
+			if healthz != nil {
+				if err := healthz.Check(r); err != nil {
+					http.Error(w, "leader election: "+err.Error(), http.StatusInternalServerError)
+					return
+				}
+			}
+			fmt.Fprintln(w, "ok")
+		},
+		readyz: func(w http.ResponseWriter, _ *http.Request) {
+			// A standby replica is ready: it is ready to take over. The leader is
+			// ready once it has rebuilt its state.
+			if !leaderElect && !ready.Load() {
+				http.Error(w, "starting", http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ok")
+		},
+		explain: func(w http.ResponseWriter, r *http.Request) {
+			c := current.Load()
+			if c == nil {
+				http.Error(w, "not leading: ask the leader", http.StatusServiceUnavailable)
+				return
+			}
+			c.ServeHTTP(w, r)
+		},
+	}
+}
+
+// mux serves the endpoints; /explain only when explain is set, since it
+// tells about pods of every namespace and must stay behind authorization.
+func (e *endpoints) mux(explain bool) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", e.metrics)
+	mux.HandleFunc("/healthz", e.healthz)
+	mux.HandleFunc("/livez", e.healthz)
+	mux.HandleFunc("/readyz", e.readyz)
+	if explain {
+		mux.HandleFunc("/explain", e.explain)
+	}
+	return mux
+}
+
+// serveSecure serves the endpoints over HTTPS behind delegated
+// authentication and authorization (pkg/server) until ctx is cancelled.
+func serveSecure(ctx context.Context, o *Options, e *endpoints) (func(), error) {
+	if !o.Serving.Enabled() {
+		return func() {}, nil
+	}
+	srv, err := o.Serving.Config(o.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	serveCtx, cancel := context.WithCancel(ctx)
+	stopped, err := srv.Serve(serveCtx, e.mux(true))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	klog.FromContext(ctx).Info("Serving securely", "address", srv.Address())
+	return func() {
+		cancel()
+		<-stopped
+	}, nil
+}
+
+// serveHTTP serves /metrics, /healthz, /livez and /readyz in plain HTTP
+// without authentication, for local use; never /explain.
+func serveHTTP(ctx context.Context, addr string, e *endpoints) (func(), error) {
 	if addr == "" {
 		return func() {}, nil
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		if healthz != nil {
-			if err := healthz.Check(r); err != nil {
-				http.Error(w, "leader election: "+err.Error(), http.StatusInternalServerError)
-				return
-			}
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		// A standby replica is ready: it is ready to take over. The leader is
-		// ready once it has rebuilt its state.
-		if !leaderElect && !ready.Load() {
-			http.Error(w, "starting", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("/explain", func(w http.ResponseWriter, r *http.Request) {
-		c := current.Load()
-		if c == nil {
-			http.Error(w, "not leading: ask the leader", http.StatusServiceUnavailable)
-			return
-		}
-		c.ServeHTTP(w, r)
-	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--http-endpoint %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{
+		Handler:           http.TimeoutHandler(e.mux(false), 30*time.Second, "request timed out"),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       90 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+	}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			klog.FromContext(ctx).Error(err, "HTTP endpoint failed")

@@ -54,6 +54,12 @@ func startController(t *testing.T, r *rendered, kubeconfig string) *controller {
 // ("NAME=value").
 func startControllerEnv(t *testing.T, r *rendered, kubeconfig string, env ...string) *controller {
 	t.Helper()
+	return startControllerWith(t, r, kubeconfig, nil, env...)
+}
+
+// startControllerWith is startControllerEnv with extra arguments.
+func startControllerWith(t *testing.T, r *rendered, kubeconfig string, extraArgs []string, env ...string) *controller {
+	t.Helper()
 	port, err := framework.FreePort()
 	if err != nil {
 		t.Fatal(err)
@@ -61,17 +67,21 @@ func startControllerEnv(t *testing.T, r *rendered, kubeconfig string, env ...str
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	var args []string
 	for _, a := range r.args(t) {
-		if !strings.HasPrefix(a, "--http-endpoint=") {
+		if !strings.HasPrefix(a, "--http-endpoint=") && !strings.HasPrefix(a, "--secure-port=") {
 			args = append(args, a)
 		}
 	}
 	args = append(args,
 		"--kubeconfig="+kubeconfig,
 		"--http-endpoint="+addr,
+		// The secure port and its readers are tested in
+		// test/integration/process; here the plain endpoint is scraped.
+		"--secure-port=0",
 		"--leader-elect-lease-duration=4s",
 		"--leader-elect-renew-deadline=3s",
 		"--leader-elect-retry-period=500ms",
 	)
+	args = append(args, extraArgs...)
 	if len(env) == 0 {
 		return &controller{p: framework.StartProcess(t, binary, args...), url: "http://" + addr}
 	}

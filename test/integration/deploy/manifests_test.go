@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"bytes"
+	"k8s.io/klog/v2"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
@@ -85,14 +87,16 @@ func TestBaseManifests(t *testing.T) {
 	if !roleGrants(r.role, leaseName) {
 		t.Errorf("the Role does not grant get and update on the Lease %q", leaseName)
 	}
-	endpoint, ok := flagValue(args, "http-endpoint")
-	if !ok {
-		t.Fatalf("args %v: no --http-endpoint, so no /metrics, /healthz, /readyz", args)
+	if v, ok := flagValue(args, "http-endpoint"); ok {
+		t.Errorf("args %v: --http-endpoint=%s serves /metrics without authentication; the Deployment must use --secure-port only", args, v)
 	}
-	_, portText, _ := strings.Cut(endpoint, ":")
+	portText, ok := flagValue(args, "secure-port")
+	if !ok {
+		t.Fatalf("args %v: no --secure-port, so no /metrics, /healthz, /readyz", args)
+	}
 	port, err := strconv.Atoi(portText)
-	if err != nil {
-		t.Fatalf("--http-endpoint=%s: no port", endpoint)
+	if err != nil || port == 0 {
+		t.Fatalf("--secure-port=%s: want a port", portText)
 	}
 
 	c := spec.Containers[0]
@@ -106,7 +110,7 @@ func TestBaseManifests(t *testing.T) {
 		}
 	}
 	if portName == "" {
-		t.Errorf("no container port %d (--http-endpoint)", port)
+		t.Errorf("no container port %d (--secure-port)", port)
 	}
 	for _, p := range []struct {
 		what  string
@@ -118,6 +122,9 @@ func TestBaseManifests(t *testing.T) {
 			continue
 		}
 		g := p.probe.HTTPGet
+		if g.Scheme != v1.URISchemeHTTPS {
+			t.Errorf("%s probe scheme %q, want HTTPS (the secure port)", p.what, g.Scheme)
+		}
 		if g.Path != p.path || (g.Port.String() != portName && g.Port.IntValue() != port) {
 			t.Errorf("%s probe %s on port %s, want %s on %d (%s)", p.what, g.Path, g.Port.String(), p.path, port, portName)
 		}
@@ -167,6 +174,54 @@ func TestBaseManifests(t *testing.T) {
 	if !spread {
 		t.Error("no pod anti-affinity spreading the replicas over nodes (kubernetes.io/hostname)")
 	}
+	if a := spec.Affinity; a == nil || a.PodAntiAffinity == nil || len(a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) == 0 {
+		t.Error("pod anti-affinity between the replicas is not required")
+	}
+	// On the control plane: it must run when every worker is down.
+	onControlPlane := false
+	if a := spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+			for _, e := range term.MatchExpressions {
+				if e.Key == "node-role.kubernetes.io/control-plane" && e.Operator == v1.NodeSelectorOpExists {
+					onControlPlane = true
+				}
+			}
+		}
+	}
+	if !onControlPlane {
+		t.Error("no required node affinity to control-plane nodes (node-role.kubernetes.io/control-plane)")
+	}
+	tolerates := func(key string, effect v1.TaintEffect) bool {
+		taint := &v1.Taint{Key: key, Effect: effect}
+		for _, tol := range spec.Tolerations {
+			if tol.ToleratesTaint(klog.Background(), taint, false) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, taint := range []struct {
+		key    string
+		effect v1.TaintEffect
+	}{
+		{"node-role.kubernetes.io/control-plane", v1.TaintEffectNoSchedule},
+		{"node-role.kubernetes.io/master", v1.TaintEffectNoSchedule},
+		{v1.TaintNodeNotReady, v1.TaintEffectNoExecute},
+		{v1.TaintNodeUnreachable, v1.TaintEffectNoExecute},
+	} {
+		if !tolerates(taint.key, taint.effect) {
+			t.Errorf("no toleration of the taint %s:%s", taint.key, taint.effect)
+		}
+	}
+	gomemlimit := false
+	for _, e := range c.Env {
+		if e.Name == "GOMEMLIMIT" && e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil && e.ValueFrom.ResourceFieldRef.Resource == "limits.memory" {
+			gomemlimit = true
+		}
+	}
+	if !gomemlimit {
+		t.Error("no GOMEMLIMIT from the container's memory limit")
+	}
 
 	svc := convert[v1.Service](t, find(t, r.objects, "Service", ""))
 	if !labels.SelectorFromSet(svc.Spec.Selector).Matches(podLabels) || len(svc.Spec.Selector) == 0 {
@@ -182,6 +237,9 @@ func TestBaseManifests(t *testing.T) {
 	pdb := convert[policyv1.PodDisruptionBudget](t, find(t, r.objects, "PodDisruptionBudget", ""))
 	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1 || pdb.Spec.MaxUnavailable != nil {
 		t.Errorf("PodDisruptionBudget: want minAvailable 1, got %v / maxUnavailable %v", pdb.Spec.MinAvailable, pdb.Spec.MaxUnavailable)
+	}
+	if p := pdb.Spec.UnhealthyPodEvictionPolicy; p == nil || *p != policyv1.AlwaysAllow {
+		t.Errorf("PodDisruptionBudget: want unhealthyPodEvictionPolicy AlwaysAllow, got %v", p)
 	}
 	if pdb.Spec.Selector == nil || !labels.SelectorFromSet(pdb.Spec.Selector.MatchLabels).Matches(podLabels) {
 		t.Errorf("PodDisruptionBudget selector does not select the pods %v", podLabels)
@@ -239,8 +297,22 @@ func TestServerSideDryRun(t *testing.T) {
 // PrometheusRule CRDs, which the test API server does not have.
 func TestOverlayServerSideDryRun(t *testing.T) {
 	out, objs := render(t, overlayKustomization)
-	for _, kind := range []string{"ServiceMonitor", "PrometheusRule", "Deployment", "ClusterRole"} {
+	for _, kind := range []string{"ServiceMonitor", "PrometheusRule", "Deployment"} {
 		find(t, objs, kind, "")
+	}
+	find(t, objs, "ClusterRole", "attach-detach-controller")
+	// Prometheus may read /metrics.
+	b := convert[rbacv1.ClusterRoleBinding](t, find(t, objs, "ClusterRoleBinding", "attach-detach-controller:metrics-reader"))
+	if b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != "attach-detach-controller:metrics-reader" || len(b.Subjects) != 1 {
+		t.Errorf("ClusterRoleBinding %s binds %s %s to %v, want the ClusterRole attach-detach-controller:metrics-reader to Prometheus' service account", b.Name, b.RoleRef.Kind, b.RoleRef.Name, b.Subjects)
+	}
+	sm := find(t, objs, "ServiceMonitor", "")
+	endpoints, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+	for _, e := range endpoints {
+		e := e.(map[string]any)
+		if e["scheme"] != "https" || (e["bearerTokenFile"] == nil && e["authorization"] == nil) {
+			t.Errorf("ServiceMonitor endpoint %v: want scheme https with a bearer token", e)
+		}
 	}
 	svc := find(t, objs, "Service", "")
 	if len(svc.GetAnnotations()) != 0 {

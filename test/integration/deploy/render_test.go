@@ -106,10 +106,10 @@ func renderBase(t *testing.T) *rendered {
 	return &rendered{
 		objects:            objs,
 		serviceAccount:     find(t, objs, "ServiceAccount", ""),
-		clusterRole:        convert[rbacv1.ClusterRole](t, find(t, objs, "ClusterRole", "")),
-		clusterRoleBinding: convert[rbacv1.ClusterRoleBinding](t, find(t, objs, "ClusterRoleBinding", "")),
-		role:               convert[rbacv1.Role](t, find(t, objs, "Role", "")),
-		roleBinding:        convert[rbacv1.RoleBinding](t, find(t, objs, "RoleBinding", "")),
+		clusterRole:        convert[rbacv1.ClusterRole](t, find(t, objs, "ClusterRole", "attach-detach-controller")),
+		clusterRoleBinding: convert[rbacv1.ClusterRoleBinding](t, find(t, objs, "ClusterRoleBinding", "attach-detach-controller")),
+		role:               convert[rbacv1.Role](t, find(t, objs, "Role", "attach-detach-controller-leader-election")),
+		roleBinding:        convert[rbacv1.RoleBinding](t, find(t, objs, "RoleBinding", "attach-detach-controller-leader-election")),
 		deployment:         convert[appsv1.Deployment](t, find(t, objs, "Deployment", "")),
 	}
 }

@@ -27,6 +27,7 @@ func start(t *testing.T, lease string) (*framework.Process, string) {
 	p := framework.StartProcess(t, binary,
 		"--kubeconfig", cluster.Kubeconfig,
 		"--http-endpoint", addr,
+		"--secure-port", "0",
 		"--leader-elect-resource-name", lease,
 		"--leader-elect-lease-duration", "4s",
 		"--leader-elect-renew-deadline", "3s",

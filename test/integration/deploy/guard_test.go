@@ -1,0 +1,102 @@
+package deploy
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+
+	"github.com/kube-attach/attach-detach-controller/test/framework"
+)
+
+const otherWriters = "attachdetach_controller_other_writer_objects"
+
+// TestGuardSeesKubeControllerManager runs the real kube-controller-manager
+// with its attachdetach controller beside this controller, as a cut-over
+// that forgot --controllers=*,-attachdetach leaves it: this controller says
+// so with a metric, a Warning event and a log line. Alone, it says nothing.
+func TestGuardSeesKubeControllerManager(t *testing.T) {
+	r := renderBase(t)
+	kubeconfig := serviceAccountKubeconfig(t, r)
+	s := newScene(t, "guard", "")
+	// A Lease long enough to survive being paused below.
+	ours := startControllerWith(t, r, kubeconfig, []string{"--other-writer-check-period=1s",
+		"--leader-elect-lease-duration=60s", "--leader-elect-renew-deadline=50s", "--leader-elect-retry-period=1s"})
+	// Stopped with SIGTERM, so that it releases the Lease the next test's
+	// controller takes (a kill would leave it held for 60s).
+	defer ours.stop(t)
+	ours.waitStarted(t)
+
+	// Alone: attaches and reports, and the guard stays quiet.
+	one := s.volume("one", "handle-one")
+	s.createPod(one)
+	s.waitAttached(one)
+	s.waitReported(one, true)
+	framework.Consistently(t, 4*time.Second, func() error {
+		m, err := framework.ScrapeMetrics(s.ctx, ours.url+"/metrics")
+		if err != nil {
+			return err
+		}
+		if len(m.Select(otherWriters, nil)) == 0 {
+			return fmt.Errorf("%s not served", otherWriters)
+		}
+		if n := m.Sum(otherWriters, nil); n != 0 {
+			return fmt.Errorf("%s = %v with this controller alone, want 0", otherWriters, n)
+		}
+		return nil
+	}, "no other writer while this controller runs alone")
+	if strings.Contains(ours.p.Output(), "Another attach/detach controller") {
+		t.Fatalf("the guard logs another controller while this one runs alone")
+	}
+
+	// kube-controller-manager's attachdetach controller starts beside it.
+	// Two controllers writing the same content leave no trace (the API
+	// server drops a write that changes nothing), so this one is paused
+	// while a new pod comes: kube-controller-manager creates its
+	// VolumeAttachment, as it does whenever it is first.
+	kcm := startKubeControllerManager(t)
+	defer kcm.stop(t)
+	if err := ours.p.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	two := s.volume("two", "handle-two")
+	s.createPod(two)
+	framework.Eventually(t, 30*time.Second, func() (bool, error) {
+		va, err := s.attachment(two)
+		return va != nil, err
+	}, "kube-controller-manager creates the VolumeAttachment of %s", two.name)
+	if err := ours.p.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	s.waitAttached(two)
+	s.waitReported(two, true)
+
+	framework.Eventually(t, 60*time.Second, func() (bool, error) {
+		m, err := framework.ScrapeMetrics(s.ctx, ours.url+"/metrics")
+		if err != nil {
+			return false, nil
+		}
+		return m.Sum(otherWriters, nil) > 0, nil
+	}, "%s > 0", otherWriters)
+	framework.Eventually(t, 30*time.Second, func() (bool, error) {
+		list, err := cluster.Client.CoreV1().Events("").List(s.ctx, metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("reason", "AnotherAttachDetachController").String()})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range list.Items {
+			if e.Type == "Warning" && strings.Contains(e.Message, `"kube-controller-manager"`) {
+				return true, nil
+			}
+		}
+		return false, nil
+	}, "a Warning event AnotherAttachDetachController naming kube-controller-manager")
+	if out := ours.p.Output(); !strings.Contains(out, "Another attach/detach controller writes beside this one") ||
+		!strings.Contains(out, "kube-controller-manager") {
+		t.Errorf("no log line naming kube-controller-manager as another writer")
+	}
+}

@@ -1,0 +1,196 @@
+package process
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kube-attach/attach-detach-controller/test/framework"
+)
+
+// startSecure runs one replica serving its secure port on loopback, and its
+// plain HTTP endpoint.
+func startSecure(t *testing.T, lease string, extra ...string) (p *framework.Process, secureURL, httpURL string) {
+	t.Helper()
+	securePort, err := framework.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	httpPort, err := framework.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{
+		"--kubeconfig", cluster.Kubeconfig,
+		"--secure-port", fmt.Sprint(securePort),
+		"--bind-address", "127.0.0.1",
+		"--http-endpoint", fmt.Sprintf("127.0.0.1:%d", httpPort),
+		"--leader-elect-resource-name", lease,
+		"--leader-elect-lease-duration", "4s",
+		"--leader-elect-renew-deadline", "3s",
+		"--leader-elect-retry-period", "500ms",
+		"-v", "2",
+	}, extra...)
+	p = framework.StartProcess(t, binary, args...)
+	return p, fmt.Sprintf("https://127.0.0.1:%d", securePort), fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+}
+
+// The certificate is self-signed: the test checks who may read, not the
+// certificate chain.
+var insecureClient = &http.Client{
+	Timeout:   10 * time.Second,
+	Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, //nolint:gosec // self-signed by design
+}
+
+func getAs(url, token string) (int, error) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := insecureClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+func serviceAccountToken(ctx context.Context, t *testing.T, ns, name string) string {
+	t.Helper()
+	sa := &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	if _, err := cluster.Client.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	tok, err := cluster.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok.Status.Token
+}
+
+// shippedClusterRoles reads the ClusterRoles of manifests/base/endpoint-readers.yaml.
+func shippedClusterRoles(t *testing.T) map[string]*rbacv1.ClusterRole {
+	t.Helper()
+	root, err := framework.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "manifests", "base", "endpoint-readers.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roles := map[string]*rbacv1.ClusterRole{}
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		var r rbacv1.ClusterRole
+		if err := yaml.Unmarshal([]byte(doc), &r); err != nil {
+			t.Fatal(err)
+		}
+		roles[r.Name] = &r
+	}
+	return roles
+}
+
+func bind(ctx context.Context, t *testing.T, role *rbacv1.ClusterRole, ns, sa string) {
+	t.Helper()
+	if _, err := cluster.Client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	b := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role.Name + "-" + sa},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: sa}},
+	}
+	if _, err := cluster.Client.RbacV1().ClusterRoleBindings().Create(ctx, b, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+}
+
+// TestSecureEndpoint checks who can read what on the secure port, with
+// tokens checked and paths authorized by the real kube-apiserver.
+func TestSecureEndpoint(t *testing.T) {
+	ctx := context.Background()
+	const ns = "adc-readers"
+	if _, err := framework.CreateNamespace(ctx, cluster.Client, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	p, secure, plain := startSecure(t, "adc-secure")
+	framework.Eventually(t, 60*time.Second, func() (bool, error) {
+		return strings.Contains(p.Output(), "Became leader"), nil
+	}, "the replica leads")
+
+	none := serviceAccountToken(ctx, t, ns, "no-rbac")
+	metricsReader := serviceAccountToken(ctx, t, ns, "metrics-reader")
+	explainer := serviceAccountToken(ctx, t, ns, "explainer")
+	roles := shippedClusterRoles(t)
+	for name, sa := range map[string]string{
+		"attach-detach-controller:metrics-reader": "metrics-reader",
+		"attach-detach-controller:explain":        "explainer",
+	} {
+		role, ok := roles[name]
+		if !ok {
+			t.Fatalf("manifests/base/endpoint-readers.yaml has no ClusterRole %s", name)
+		}
+		bind(ctx, t, role, ns, sa)
+	}
+
+	const explain = "/explain?pod=kube-system/nothing"
+	for _, c := range []struct {
+		who, token, path string
+		want             int
+	}{
+		{"anonymous", "", "/healthz", http.StatusOK},
+		{"anonymous", "", "/readyz", http.StatusOK},
+		{"anonymous", "", "/livez", http.StatusOK},
+		{"anonymous", "", "/metrics", http.StatusUnauthorized},
+		{"anonymous", "", explain, http.StatusUnauthorized},
+		{"an invalid token", "not-a-token", "/metrics", http.StatusUnauthorized},
+		{"a service account without RBAC", none, "/metrics", http.StatusForbidden},
+		{"a service account without RBAC", none, explain, http.StatusForbidden},
+		{"a service account without RBAC", none, "/healthz", http.StatusOK},
+		{"the metrics reader", metricsReader, "/metrics", http.StatusOK},
+		{"the metrics reader", metricsReader, explain, http.StatusForbidden},
+		{"the explain reader", explainer, explain, http.StatusOK},
+		{"the explain reader", explainer, "/metrics", http.StatusForbidden},
+		{"an admin (system:masters)", cluster.Config.BearerToken, "/metrics", http.StatusOK},
+	} {
+		// Polled: RBAC bindings reach the authorizer's cache within moments.
+		var got int
+		ok := framework.Poll(t, 20*time.Second, func() (bool, error) {
+			code, err := getAs(secure+c.path, c.token)
+			got = code
+			return err == nil && code == c.want, nil
+		})
+		if !ok {
+			t.Errorf("%s GET %s: %d, want %d", c.who, c.path, got, c.want)
+		}
+	}
+
+	// The plain endpoint is for local use: never /explain.
+	code, err := getAs(plain+explain, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != http.StatusNotFound {
+		t.Errorf("--http-endpoint GET /explain: %d, want 404", code)
+	}
+	if code, err := getAs(plain+"/healthz", ""); err != nil || code != http.StatusOK {
+		t.Errorf("--http-endpoint GET /healthz: %d (%v), want 200", code, err)
+	}
+}
