@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -50,10 +52,15 @@ func run(ctx context.Context, opts options, p *printer) (err error) {
 	if err != nil {
 		return err
 	}
+	// The token that reads the secure port, for the curl printed below.
+	tokenFile := filepath.Join(dir, "admin-token")
+	if err := os.WriteFile(tokenFile, []byte(c.Token), 0o600); err != nil {
+		return err
+	}
 	p.line("etcd, kube-apiserver       %s", st.Cluster.Config.Host)
 	p.line("csi-mock-driver, csi-attacher (external-attacher), one pair per driver: %s", strings.Join(st.Drivers, ", "))
 	p.line("kubeletsim                 nodes %s (CSINodes list both drivers; they migrate %s)", strings.Join(nodes, ", "), awsEBSPlugin)
-	p.line("attach-detach-controller   %s (/metrics, /explain)", c.URL)
+	p.line("attach-detach-controller   %s (/metrics, /explain; HTTPS, the cluster admin's token)", c.URL)
 	p.line("logs, kubeconfig           %s", dir)
 
 	w, err := startWatcher(client, p, namespace, nodes)
@@ -153,7 +160,8 @@ func idle(ctx context.Context, opts options, p *printer, st *stack.Stack, c *sta
 	} else {
 		p.step("Story done. Everything keeps running: press Ctrl-C to stop it and remove everything")
 		p.line("try: KUBECONFIG=%s kubectl -n %s delete pod web-1", st.Cluster.Kubeconfig, namespace)
-		p.line("     curl '%s/explain?pod=%s/web-0'", c.URL, namespace)
+		p.line("     curl --cacert %s -H \"Authorization: Bearer $(cat %s)\" '%s/explain?pod=%s/web-0'",
+			c.CertFile, filepath.Join(st.Cluster.Dir, "admin-token"), c.URL, namespace)
 	}
 	last, err := fingerprint(ctx, client, nodes)
 	if err != nil {

@@ -34,6 +34,7 @@ func Ours(binary string) Controller {
 				fmt.Sprintf("--kube-api-qps=%g", qps),
 				fmt.Sprintf("--kube-api-burst=%d", burst),
 				"--leader-elect=false",
+				"--secure-port=0",
 				"--http-endpoint=" + addr,
 			}, "http://" + addr + "/metrics", nil
 		},

@@ -2,12 +2,17 @@ package stack
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kube-attach/attach-detach-controller/test/framework"
@@ -16,8 +21,17 @@ import (
 // Controller is a running attach-detach-controller.
 type Controller struct {
 	*Process
-	// URL is its HTTP endpoint: /metrics, /healthz, /readyz, /explain.
+	// URL is its secure port, as a cluster's Prometheus and operators reach
+	// it: /metrics, /healthz, /readyz, /explain over HTTPS.
 	URL string
+	// Token is a bearer token the secure port accepts for every path (the
+	// cluster admin's, checked by TokenReview and SubjectAccessReview).
+	Token string
+	// CertFile is the self-signed serving certificate the controller wrote.
+	CertFile string
+
+	mu     sync.Mutex
+	client *http.Client
 }
 
 // StartController starts the controller binary against the cluster, without
@@ -42,18 +56,28 @@ func (s *Stack) startController(ctx context.Context, extraArgs []string) (*Contr
 	if err != nil {
 		return nil, err
 	}
-	addr := "127.0.0.1:" + strconv.Itoa(port)
+	certDir, err := os.MkdirTemp(s.Cluster.Dir, "controller-cert-")
+	if err != nil {
+		return nil, err
+	}
 	args := append([]string{
 		"--kubeconfig=" + s.Cluster.Kubeconfig,
 		"--leader-elect=false",
-		"--http-endpoint=" + addr,
+		"--bind-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(port),
+		"--cert-dir=" + certDir,
 		"-v=2",
 	}, extraArgs...)
 	p, err := s.start(ControllerBinary, s.controllerBin, args...)
 	if err != nil {
 		return nil, err
 	}
-	c := &Controller{Process: p, URL: "http://" + addr}
+	c := &Controller{
+		Process:  p,
+		URL:      "https://127.0.0.1:" + strconv.Itoa(port),
+		Token:    s.Cluster.Config.BearerToken,
+		CertFile: filepath.Join(certDir, "attach-detach-controller.crt"),
+	}
 	err = poll(ctx, startTimeout, p, "/readyz of "+p.Name, func(ctx context.Context) (bool, error) {
 		_, code, err := c.get(ctx, "/readyz")
 		return err == nil && code == http.StatusOK, nil
@@ -69,11 +93,16 @@ func (s *Stack) startController(ctx context.Context, extraArgs []string) (*Contr
 func (c *Controller) get(ctx context.Context, path string) ([]byte, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	client, err := c.httpClient()
+	if err != nil {
+		return nil, 0, err
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.URL+path, nil)
 	if err != nil {
 		return nil, 0, fmt.Errorf("request %s: %w", path, err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	req.Header.Set("Authorization", "Bearer "+c.Token)
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, 0, fmt.Errorf("get %s%s: %w", c.URL, path, err)
 	}
@@ -85,9 +114,36 @@ func (c *Controller) get(ctx context.Context, path string) ([]byte, int, error) 
 	return body, resp.StatusCode, nil
 }
 
+// httpClient trusts the controller's self-signed certificate, read once it
+// is written.
+func (c *Controller) httpClient() (*http.Client, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.client != nil {
+		return c.client, nil
+	}
+	pem, err := os.ReadFile(c.CertFile)
+	if err != nil {
+		return nil, fmt.Errorf("serving certificate of the controller: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("serving certificate %s: no certificate in it", c.CertFile)
+	}
+	c.client = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	return c.client, nil
+}
+
 // Metrics scrapes /metrics.
 func (c *Controller) Metrics(ctx context.Context) (framework.Metrics, error) {
-	return framework.ScrapeMetrics(ctx, c.URL+"/metrics")
+	body, code, err := c.get(ctx, "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("scrape %s/metrics: status %d: %s", c.URL, code, body)
+	}
+	return framework.ParseMetrics(string(body))
 }
 
 // Explanation is one volume of an /explain answer: what the controller
