@@ -78,7 +78,7 @@ SIZE ?= small
 bench: build
 	hack/build-tools.sh etcd kube-apiserver kube-controller-manager
 	mkdir -p _output/bench
-	go test -run '^$$' -bench . -benchmem ./pkg/cache ./pkg/reconciler | tee _output/bench/go-bench.txt
+	go test -run '^$$' -bench . -benchmem ./pkg/cache ./pkg/reconciler ./pkg/controller | tee _output/bench/go-bench.txt
 	go run ./test/bench/cmd/adcbench -size $(SIZE) -go-bench _output/bench/go-bench.txt
 
 IMAGE ?= ghcr.io/kube-attach/attach-detach-controller:$(VERSION)
