@@ -320,14 +320,13 @@ func runLeading(ctx context.Context, o *Options, config *rest.Config, healthz *l
 		case <-done:
 		}
 	}()
-	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+	le, err := newElector(healthz, leaderelection.LeaderElectionConfig{
 		Lock:            lock,
 		LeaseDuration:   o.LeaderElection.LeaseDuration.Duration,
 		RenewDeadline:   o.LeaderElection.RenewDeadline.Duration,
 		RetryPeriod:     o.LeaderElection.RetryPeriod.Duration,
 		ReleaseOnCancel: true,
 		Name:            o.LeaderElection.ResourceName,
-		WatchDog:        healthz,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(leCtx context.Context) {
 				defer close(runDone)
@@ -366,11 +365,6 @@ func runLeading(ctx context.Context, o *Options, config *rest.Config, healthz *l
 	if err != nil {
 		return fmt.Errorf("leader election: %w", err)
 	}
-	// /healthz fails when this replica leads but has not renewed the Lease
-	// for too long; client-go only wires the watchdog in RunOrDie.
-	if healthz != nil {
-		healthz.SetLeaderElection(le)
-	}
 	le.Run(electorCtx)
 	close(done)
 	// Run returns without its context cancelled only when renewals failed,
@@ -393,6 +387,22 @@ type endpoints struct {
 	healthz http.HandlerFunc
 	readyz  http.HandlerFunc
 	explain http.HandlerFunc
+}
+
+// newElector returns the leader elector of cfg with healthz (when not nil)
+// as its watchdog: /healthz fails when this replica leads but has not
+// renewed the Lease for too long. client-go wires the watchdog only in
+// RunOrDie.
+func newElector(healthz *leaderelection.HealthzAdaptor, cfg leaderelection.LeaderElectionConfig) (*leaderelection.LeaderElector, error) {
+	cfg.WatchDog = healthz
+	le, err := leaderelection.NewLeaderElector(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if healthz != nil {
+		healthz.SetLeaderElection(le)
+	}
+	return le, nil
 }
 
 func newEndpoints(reg *prometheus.Registry, healthz *leaderelection.HealthzAdaptor, ready *atomic.Bool, leaderElect bool,
