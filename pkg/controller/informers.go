@@ -210,6 +210,14 @@ func (c *Controller) addHandlers() error {
 			return fmt.Errorf("add event handler: %w", err)
 		}
 	}
+	if o := c.cfg.Observer; o != nil {
+		forget := toolscache.ResourceEventHandlerFuncs{DeleteFunc: o.Forget}
+		for _, i := range []toolscache.SharedIndexInformer{inf.Nodes, inf.VolumeAttachments} {
+			if _, err := i.AddEventHandler(forget); err != nil {
+				return fmt.Errorf("add event handler: %w", err)
+			}
+		}
+	}
 	return nil
 }
 
