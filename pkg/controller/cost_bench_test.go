@@ -23,6 +23,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -138,23 +139,44 @@ func costNode(n int, attached bool) *v1.Node {
 	return node
 }
 
+// costPV and costPVC are as a CSI provisioner and the PV controller leave
+// them: capacity, storage class, labels, annotations, finalizers.
 func costPV(i int) *v1.PersistentVolume {
+	fs := v1.PersistentVolumeFilesystem
 	return &v1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: pvName(i), UID: types.UID("uid-" + pvName(i))},
+		ObjectMeta: metav1.ObjectMeta{Name: pvName(i), UID: types.UID("uid-" + pvName(i)),
+			Labels:      map[string]string{"topology.kubernetes.io/zone": "zone-a"},
+			Annotations: map[string]string{"pv.kubernetes.io/provisioned-by": costDriver, "volume.kubernetes.io/provisioner-deletion-secret-name": ""},
+			Finalizers:  []string{"kubernetes.io/pv-protection", "external-provisioner.volume.kubernetes.io/finalizer"}},
 		Spec: v1.PersistentVolumeSpec{
-			AccessModes:            []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
-			PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: costDriver, VolumeHandle: handle(i)}},
-			ClaimRef:               &v1.ObjectReference{Namespace: "ns", Name: "c-" + pvName(i), UID: types.UID("uid-c-" + pvName(i))},
+			Capacity:    v1.ResourceList{v1.ResourceStorage: resource.MustParse("10Gi")},
+			AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
+			PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: costDriver, VolumeHandle: handle(i),
+				FSType: "ext4", VolumeAttributes: map[string]string{"storage.kubernetes.io/csiProvisionerIdentity": "1700000000000-8081-" + costDriver}}},
+			ClaimRef: &v1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: "ns", Name: "c-" + pvName(i),
+				UID: types.UID("uid-c-" + pvName(i)), ResourceVersion: "1234"},
+			PersistentVolumeReclaimPolicy: v1.PersistentVolumeReclaimDelete,
+			StorageClassName:              "standard",
+			VolumeMode:                    &fs,
+			NodeAffinity: &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{
+				MatchExpressions: []v1.NodeSelectorRequirement{{Key: "topology.kubernetes.io/zone", Operator: v1.NodeSelectorOpIn, Values: []string{"zone-a"}}}}}}},
 		},
 		Status: v1.PersistentVolumeStatus{Phase: v1.VolumeBound},
 	}
 }
 
 func costPVC(i int) *v1.PersistentVolumeClaim {
+	storageClass := "standard"
 	return &v1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c-" + pvName(i), UID: types.UID("uid-c-" + pvName(i))},
-		Spec:       v1.PersistentVolumeClaimSpec{VolumeName: pvName(i)},
-		Status:     v1.PersistentVolumeClaimStatus{Phase: v1.ClaimBound},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c-" + pvName(i), UID: types.UID("uid-c-" + pvName(i)),
+			Annotations: map[string]string{"pv.kubernetes.io/bind-completed": "yes", "pv.kubernetes.io/bound-by-controller": "yes",
+				"volume.beta.kubernetes.io/storage-provisioner": costDriver, "volume.kubernetes.io/storage-provisioner": costDriver},
+			Finalizers: []string{"kubernetes.io/pvc-protection"}},
+		Spec: v1.PersistentVolumeClaimSpec{VolumeName: pvName(i), AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
+			Resources:        v1.VolumeResourceRequirements{Requests: v1.ResourceList{v1.ResourceStorage: resource.MustParse("10Gi")}},
+			StorageClassName: &storageClass},
+		Status: v1.PersistentVolumeClaimStatus{Phase: v1.ClaimBound, AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
+			Capacity: v1.ResourceList{v1.ResourceStorage: resource.MustParse("10Gi")}},
 	}
 }
 
