@@ -1,7 +1,8 @@
 # attach-detach-controller
 #
 #   make demo         run the controller's job on an embedded local cluster
-#   make test         unit + integration tests against a real kube-apiserver
+#   make test         unit tests, simulation, integration tests against a real
+#                     kube-apiserver, end-to-end and a short chaos run
 #   make verify       gofmt, go vet, staticcheck
 
 SHELL := /usr/bin/env bash
@@ -17,7 +18,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The stack `make demo` and `make test-e2e` run (test/e2e/stack).
 E2E_TOOLS := etcd kube-apiserver csi-attacher csi-mock-driver
 
-.PHONY: all build tools test test-unit test-sim test-integration test-e2e demo bench verify image clean
+.PHONY: all build tools test test-unit test-sim test-integration test-e2e test-chaos chaos demo bench verify image clean
 
 all: build
 
@@ -30,7 +31,7 @@ tools:
 	hack/build-tools.sh etcd kube-apiserver kube-controller-manager kubectl
 	hack/install-promtool.sh
 
-test: test-unit test-sim test-integration test-e2e
+test: test-unit test-sim test-integration test-e2e test-chaos
 
 test-unit:
 	$(GO_TEST) $(TEST_FLAGS) -race ./pkg/... ./cmd/...
@@ -43,13 +44,26 @@ test-sim:
 	  grep -E '^(=== RUN|--- |PASS|FAIL|ok)|simulation:|^ +(fault|event)|sim_test.go' ; exit $${PIPESTATUS[0]}
 
 test-integration: tools
-	$(GO_TEST) $(TEST_FLAGS) -timeout 20m $$(go list ./test/... | grep -v -e /test/e2e -e /test/sim)
+	$(GO_TEST) $(TEST_FLAGS) -timeout 20m $$(go list ./test/... | grep -v -e /test/e2e -e /test/sim -e /test/chaos)
 
 # The controller binary with the real CSI external-attacher, a CSI mock driver
 # and simulated kubelets; test/e2e builds the controller and kubeletsim itself.
 test-e2e:
 	hack/build-tools.sh $(E2E_TOOLS)
 	$(GO_TEST) $(TEST_FLAGS) -timeout 10m ./test/e2e/...
+
+# Churn and faults on the real stack (test/chaos): a short run in make test,
+# CHAOS_DURATION of it with make chaos; CHAOS_SEED=N replays a schedule.
+CHAOS_DURATION ?= 10m
+test-chaos: tools
+	hack/build-tools.sh $(E2E_TOOLS)
+	CHAOS_DURATION=60s $(GO_TEST) $(TEST_FLAGS) -timeout 10m -v ./test/chaos/... | \
+	  grep -E '^(=== RUN|--- |PASS|FAIL|ok)|chaos_test.go|^ +(churn|fault) ' ; exit $${PIPESTATUS[0]}
+
+chaos: tools
+	hack/build-tools.sh $(E2E_TOOLS)
+	CHAOS_DURATION=$(CHAOS_DURATION) $(GO_TEST) $(TEST_FLAGS) -timeout 0 -v -run TestChaos ./test/chaos/... | \
+	  grep -E '^(=== RUN|--- |PASS|FAIL|ok)|chaos_test.go|^ +(churn|fault) ' ; exit $${PIPESTATUS[0]}
 
 # Ctrl-C stops it and removes everything; DEMO_DURATION=60s stops it by itself
 # (exit code 1 if the story did not complete).
