@@ -28,7 +28,7 @@ build:
 # The real etcd and kube-apiserver the integration tests run against, built
 # from the Go module proxy (hack/tools); a second run reuses them.
 tools:
-	hack/build-tools.sh etcd kube-apiserver kube-controller-manager kubectl
+	hack/build-tools.sh etcd kube-apiserver kube-controller-manager kubectl $(filter-out etcd kube-apiserver,$(E2E_TOOLS))
 	hack/install-promtool.sh
 
 test: test-unit test-sim test-integration test-e2e test-chaos

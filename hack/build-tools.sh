@@ -98,6 +98,10 @@ stamp_for() {
   } | sha256sum | cut -d' ' -f1
 }
 
+# What is stale: tools of the tools module are built together, in one go
+# build (their packages compile once, in parallel, and link side by side);
+# etcd in its scratch module.
+together=()
 for name in "$@"; do
   pkg="$(package_for "${name}")"
   bin="${bin_dir}/${name}"
@@ -108,17 +112,42 @@ for name in "$@"; do
     echo "${name}: up to date"
     continue
   fi
-
-  start=${SECONDS}
   rm -f "${stamp_file}"
-  # Build beside the target and rename, so an interrupted build never leaves a
-  # truncated binary that a later run would treat as usable.
   if module="$(isolated_module_for "${name}")"; then
+    start=${SECONDS}
+    # Build beside the target and rename, so an interrupted build never
+    # leaves a truncated binary that a later run would treat as usable.
     build_in_scratch_module "${name}" "${pkg}" "${module}" "${bin}.tmp"
+    mv -f "${bin}.tmp" "${bin}"
+    echo "${stamp}" >"${stamp_file}"
+    echo "${name}: built in $((SECONDS - start))s"
   else
-    build_in_tools_module "${pkg}" "${bin}.tmp"
+    together+=("${name}")
   fi
-  mv -f "${bin}.tmp" "${bin}"
-  echo "${stamp}" >"${stamp_file}"
-  echo "${name}: built in $((SECONDS - start))s"
 done
+
+if [[ ${#together[@]} -gt 0 ]]; then
+  start=${SECONDS}
+  out="${repo_root}/_output/build/tools-$$"
+  rm -rf "${out}"
+  mkdir -p "${out}"
+  pkgs=()
+  for name in "${together[@]}"; do
+    pkgs+=("$(package_for "${name}")")
+  done
+  if [[ ${#pkgs[@]} -eq 1 ]]; then
+    build_in_tools_module "${pkgs[0]}" "${out}/${together[0]}"
+  else
+    # go build -o DIR names each binary after its package's last element.
+    (cd "${tools_dir}" && go build -trimpath -o "${out}/" "${pkgs[@]}")
+  fi
+  for name in "${together[@]}"; do
+    pkg="$(package_for "${name}")"
+    built="${out}/$(basename "${pkg}")"
+    [[ -f "${built}" ]] || built="${out}/${name}"
+    mv -f "${built}" "${bin_dir}/${name}"
+    stamp_for "${pkg}" >"${bin_dir}/.${name}.stamp"
+  done
+  rm -rf "${out}"
+  echo "${together[*]}: built together in $((SECONDS - start))s"
+fi
