@@ -111,7 +111,7 @@ func TestChaos(t *testing.T) {
 		for _, v := range violations {
 			t.Error(v)
 		}
-		t.Logf("controller logs: %s", strings.Join(h.logs, ", "))
+		t.Logf("logs of every process and the run's timeline kept in %s", h.keepLogs(seed))
 		t.Fatalf("%d violations; replay the schedule with CHAOS_SEED=%d", len(violations), seed)
 	}
 }
@@ -139,6 +139,8 @@ type harness struct {
 	controllers []*stack.Controller
 	logs        []string
 	podSeq      int
+	timeline    []string
+	kcmLogs     []string
 
 	rounds        int
 	relists       atomic.Int64
@@ -293,6 +295,7 @@ func (h *harness) startController() {
 		"--leader-elect-resource-namespace=default",
 		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms")
 	if c != nil {
+		h.note("replica %s started (pid %d)", c.Name, c.Pid())
 		h.mu.Lock()
 		h.controllers = append(h.controllers, c)
 		h.logs = append(h.logs, c.LogPath)
@@ -389,6 +392,38 @@ func (h *harness) deletePod(name string, grace *int64) {
 	}
 }
 
+// note adds a line to the run's timeline.
+func (h *harness) note(format string, args ...any) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.timeline = append(h.timeline, time.Now().Format("15:04:05.000")+" "+fmt.Sprintf(format, args...))
+}
+
+// keepLogs copies every process's log and the timeline to
+// _output/chaos/<seed> (the cluster's directory goes with the stack).
+func (h *harness) keepLogs(seed int64) string {
+	root, err := framework.ModuleRoot()
+	if err != nil {
+		return err.Error()
+	}
+	dir := filepath.Join(root, "_output", "chaos", strconv.FormatInt(seed, 10))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err.Error()
+	}
+	for _, p := range st.Processes() {
+		if b, err := os.ReadFile(p.LogPath); err == nil {
+			_ = os.WriteFile(filepath.Join(dir, filepath.Base(p.LogPath)), b, 0o644)
+		}
+	}
+	h.mu.Lock()
+	_ = os.WriteFile(filepath.Join(dir, "timeline.txt"), []byte(strings.Join(h.timeline, "\n")+"\n"), 0o644)
+	h.mu.Unlock()
+	for i, out := range h.kcmLogs {
+		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("kube-controller-manager-%d.log", i+1)), []byte(out), 0o644)
+	}
+	return dir
+}
+
 func (h *harness) node() string { return h.nodes[h.rng.Intn(len(h.nodes))] }
 
 // churn makes a few changes of the kinds a cluster sees.
@@ -407,19 +442,26 @@ func (h *harness) churn() {
 				next = h.node()
 			}
 			h.deletePod(old.Name, nil)
-			h.createPod(v.claim, next)
+			name := h.createPod(v.claim, next)
+			h.note("handover of %s: pod %s on %s deleted, pod %s on %s created", v.claim, old.Name, old.Spec.NodeName, name, next)
 			h.actions["ReadWriteOnce handover"]++
 		case x < 7 && (v.rwx || len(have) == 0):
-			h.createPod(v.claim, h.node())
+			n := h.node()
+			name := h.createPod(v.claim, n)
+			h.note("pod %s of %s created on %s", name, v.claim, n)
 			h.actions["pod created"]++
 		case x < 8 && len(have) == 0:
 			// Deleted at once after its volume attached.
-			name := h.createPod(v.claim, h.node())
+			n := h.node()
+			name := h.createPod(v.claim, n)
 			h.waitAttached(v, name)
 			h.deletePod(name, nil)
+			h.note("pod %s of %s on %s deleted right after attach", name, v.claim, n)
 			h.actions["pod deleted right after attach"]++
 		case len(have) > 0:
-			h.deletePod(have[h.rng.Intn(len(have))].Name, nil)
+			p := have[h.rng.Intn(len(have))]
+			h.deletePod(p.Name, nil)
+			h.note("pod %s of %s on %s deleted", p.Name, v.claim, p.Spec.NodeName)
 			h.actions["pod deleted"]++
 		}
 	}
@@ -443,6 +485,8 @@ func (h *harness) waitAttached(v chaosVolume, pod string) {
 // comes back, the taint is removed) before returning.
 func (h *harness) inject(kind string) {
 	h.faults[kind]++
+	h.note("fault: %s", kind)
+	defer h.note("fault over: %s", kind)
 	switch kind {
 	case faultKillLeader, faultKillStandby:
 		victim := h.leader()
@@ -455,6 +499,7 @@ func (h *harness) inject(kind string) {
 			}
 		}
 		if victim != nil {
+			h.note("SIGKILL of replica %s", victim.Name)
 			_ = victim.Kill()
 		}
 		h.running()
@@ -517,6 +562,9 @@ func (h *harness) cutOver() {
 	case <-time.After(30 * time.Second):
 		p.Kill()
 	}
+	h.mu.Lock()
+	h.kcmLogs = append(h.kcmLogs, p.Output())
+	h.mu.Unlock()
 	h.running()
 }
 

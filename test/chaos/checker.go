@@ -168,21 +168,33 @@ func (c *Checker) Violations() []string {
 				detachStart(va, e.rv())
 			}
 			if vol, ok := volumes[pvOf(va)]; ok && vol.SingleNode && e.Type != watch.Deleted {
-				var on []string
+				var on, who []string
 				for _, o := range vas {
 					if pvOf(o) == vol.PV && !slices.Contains(on, o.Spec.NodeName) {
 						on = append(on, o.Spec.NodeName)
+						who = append(who, o.Spec.NodeName+" by "+creator(o))
 					}
 				}
 				if len(on) > 1 {
 					slices.Sort(on)
-					violate("I1: single-node volume %s has VolumeAttachments on nodes %s (resourceVersion %d)",
-						vol.PV, strings.Join(on, ", "), e.rv())
+					slices.Sort(who)
+					violate("I1: single-node volume %s has VolumeAttachments on nodes %s (resourceVersion %d; created on %s)",
+						vol.PV, strings.Join(on, ", "), e.rv(), strings.Join(who, ", "))
 				}
 			}
 		}
 	}
 	return out
+}
+
+// creator is the field manager that wrote the VolumeAttachment's spec.
+func creator(va *storagev1.VolumeAttachment) string {
+	for _, m := range va.ManagedFields {
+		if m.Subresource == "" && m.FieldsV1 != nil && strings.Contains(string(m.FieldsV1.Raw), `"f:spec"`) {
+			return m.Manager
+		}
+	}
+	return "?"
 }
 
 func pvOf(va *storagev1.VolumeAttachment) string {
