@@ -35,6 +35,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/controller"
@@ -112,7 +113,7 @@ type costEnv struct {
 	ctrl    *controller.Controller
 	reg     *prometheus.Registry
 	inf     struct{ pods, pvcs, pvs, nodes, csiNodes, csiDrivers, vas *syncInformer }
-	queues  map[string]interface{ Len() int }
+	queues  queues
 	// bytesPerVolume is the heap the informer caches and the controller's
 	// state hold per volume once recovered; recovery is the time from the
 	// informers' initial list (delivered) to quiet: Recover, then every
@@ -221,7 +222,7 @@ func envOf(b *testing.B, n int) *costEnv {
 	b.StopTimer()
 	defer b.StartTimer()
 	e := &costEnv{volumes: n, ctx: klog.NewContext(context.Background(), klog.Background().V(10)), reg: prometheus.NewRegistry(),
-		queues: map[string]interface{ Len() int }{}}
+		queues: queues{}}
 	nodes := n / volumesPerNode
 	// The API answers writes as an apiserver would, without the cost of
 	// one: a created VolumeAttachment as sent, a patched Node status as the
@@ -262,16 +263,8 @@ func envOf(b *testing.B, n int) *costEnv {
 		StatusWorkers: 1,
 		Informers: &controller.Informers{Pods: e.inf.pods, PVCs: e.inf.pvcs, PVs: e.inf.pvs, Nodes: e.inf.nodes,
 			CSINodes: e.inf.csiNodes, CSIDrivers: e.inf.csiDrivers, VolumeAttachments: e.inf.vas},
-		NewQueue: func(name string) workqueue.TypedRateLimitingInterface[string] {
-			q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
-			e.queues[name] = q
-			return q
-		},
-		NewKeyQueue: func(name string) workqueue.TypedRateLimitingInterface[cache.Key] {
-			q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[cache.Key]())
-			e.queues[name] = q
-			return q
-		},
+		NewQueue:    e.queues.newQueue(clock.RealClock{}),
+		NewKeyQueue: e.queues.newKeyQueue(clock.RealClock{}),
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -306,19 +299,44 @@ func envOf(b *testing.B, n int) *costEnv {
 // drain runs every queued item through its sync, as the workers would,
 // until nothing is left.
 func (e *costEnv) drain() {
-	for {
-		progress := false
-		for _, name := range []string{controller.QueuePods, controller.QueueNodes, controller.QueueVolumeAttachments,
-			controller.QueueVolumes, controller.QueueNodeStatus} {
-			for e.queues[name].Len() > 0 {
-				e.ctrl.Process(e.ctx, name)
-				progress = true
-			}
-		}
-		if !progress {
-			return
+	for e.queues.runQueued(e.ctx, e.ctrl) {
+	}
+}
+
+// queues are the controller's work queues, by name, made by the hooks of
+// controller.Config on clk.
+type queues map[string]interface{ Len() int }
+
+func (qs queues) newQueue(clk clock.WithTicker) func(string) workqueue.TypedRateLimitingInterface[string] {
+	return func(name string) workqueue.TypedRateLimitingInterface[string] {
+		q := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Clock: clk})
+		qs[name] = q
+		return q
+	}
+}
+
+func (qs queues) newKeyQueue(clk clock.WithTicker) func(string) workqueue.TypedRateLimitingInterface[cache.Key] {
+	return func(name string) workqueue.TypedRateLimitingInterface[cache.Key] {
+		q := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[cache.Key](),
+			workqueue.TypedRateLimitingQueueConfig[cache.Key]{Clock: clk})
+		qs[name] = q
+		return q
+	}
+}
+
+// runQueued runs every item queued now through its sync, as the workers
+// would; it reports whether there was any.
+func (qs queues) runQueued(ctx context.Context, c *controller.Controller) bool {
+	progress := false
+	for _, name := range []string{controller.QueuePods, controller.QueueNodes, controller.QueueVolumeAttachments,
+		controller.QueueVolumes, controller.QueueNodeStatus} {
+		for qs[name].Len() > 0 {
+			c.Process(ctx, name)
+			progress = true
 		}
 	}
+	return progress
 }
 
 func heapInUse() uint64 {

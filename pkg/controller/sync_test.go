@@ -22,11 +22,9 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2/ktesting"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/controller"
 	"github.com/kube-attach/attach-detach-controller/pkg/intree"
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
@@ -47,7 +45,7 @@ type syncEnv struct {
 	ctrl   *controller.Controller
 	rec    *record.FakeRecorder
 	inf    struct{ pods, pvcs, pvs, nodes, csiNodes, csiDrivers, vas *syncInformer }
-	queues map[string]interface{ Len() int }
+	queues queues
 	rv     int
 	// log holds the writes the API accepted; vas what it stores, and
 	// pending the VolumeAttachment events its watch has yet to deliver.
@@ -60,7 +58,7 @@ func newSyncEnv(t *testing.T, objs ...k8sruntime.Object) *syncEnv {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	e := &syncEnv{t: t, ctx: ctx, clock: clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
-		rec: record.NewFakeRecorder(100), queues: map[string]interface{ Len() int }{}, rv: 100, vas: map[string]bool{}}
+		rec: record.NewFakeRecorder(100), queues: queues{}, rv: 100, vas: map[string]bool{}}
 	e.client = &fake.Clientset{}
 	e.client.AddReactor("*", "*", e.react)
 	for _, p := range []**syncInformer{&e.inf.pods, &e.inf.pvcs, &e.inf.pvs, &e.inf.nodes, &e.inf.csiNodes, &e.inf.csiDrivers, &e.inf.vas} {
@@ -77,18 +75,8 @@ func newSyncEnv(t *testing.T, objs ...k8sruntime.Object) *syncEnv {
 		Clock:         e.clock,
 		Informers: &controller.Informers{Pods: e.inf.pods, PVCs: e.inf.pvcs, PVs: e.inf.pvs, Nodes: e.inf.nodes,
 			CSINodes: e.inf.csiNodes, CSIDrivers: e.inf.csiDrivers, VolumeAttachments: e.inf.vas},
-		NewQueue: func(name string) workqueue.TypedRateLimitingInterface[string] {
-			q := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-				workqueue.TypedRateLimitingQueueConfig[string]{Clock: e.clock})
-			e.queues[name] = q
-			return q
-		},
-		NewKeyQueue: func(name string) workqueue.TypedRateLimitingInterface[cache.Key] {
-			q := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[cache.Key](),
-				workqueue.TypedRateLimitingQueueConfig[cache.Key]{Clock: e.clock})
-			e.queues[name] = q
-			return q
-		},
+		NewQueue:    e.queues.newQueue(e.clock),
+		NewKeyQueue: e.queues.newKeyQueue(e.clock),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -200,12 +188,8 @@ func (e *syncEnv) drain() {
 			e.pending = e.pending[1:]
 			deliver()
 		}
-		for _, name := range []string{controller.QueuePods, controller.QueueNodes, controller.QueueVolumeAttachments,
-			controller.QueueVolumes, controller.QueueNodeStatus} {
-			for e.queues[name].Len() > 0 {
-				e.ctrl.Process(e.ctx, name)
-				progress = true
-			}
+		if e.queues.runQueued(e.ctx, e.ctrl) {
+			progress = true
 		}
 		if !progress {
 			return
