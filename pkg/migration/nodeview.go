@@ -27,8 +27,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
-	csitrans "k8s.io/csi-translation-lib"
-	csiplugins "k8s.io/csi-translation-lib/plugins"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
@@ -56,13 +54,27 @@ type Decision struct {
 	Source string
 }
 
+// Origin says, for a reader, the object or rule the decision for node was
+// read from.
+func (d Decision) Origin(node string) string {
+	switch d.Source {
+	case SourceCSINode:
+		return "CSINode " + node + " (annotation " + v1.MigratedPluginsAnnotationKey + ", spec.drivers)"
+	case SourceCSINodeInfo:
+		return "CSINodeInfo " + node + " (status.drivers)"
+	case SourceMigrationComplete:
+		return "completed-migration policy: migrated on every node"
+	default:
+		return "never migrated: the plugin has no CSI driver"
+	}
+}
+
 // NodeView answers, from informer caches, which mechanism each node uses for
 // each in-tree plugin. It is safe for concurrent use.
 type NodeView struct {
 	csiNodes     storagelisters.CSINodeLister
 	csiNodeInfos cache.GenericLister
 	completed    map[string]bool
-	translator   csitrans.CSITranslator
 }
 
 // Option configures a NodeView.
@@ -85,14 +97,13 @@ func WithCompletedMigrations(plugins ...string) Option {
 // IsMigrationCompleteForPlugin with default feature gates). Portworx is not
 // among them: it stays decided per node.
 func UpstreamCompletedMigrations() []string {
-	return []string{
-		csiplugins.AWSEBSInTreePluginName,
-		csiplugins.GCEPDInTreePluginName,
-		csiplugins.AzureDiskInTreePluginName,
-		csiplugins.AzureFileInTreePluginName,
-		csiplugins.CinderInTreePluginName,
-		csiplugins.VSphereInTreePluginName,
+	var plugins []string
+	for _, p := range volume.InTreePlugins() {
+		if p.MigrationCompleteUpstream {
+			plugins = append(plugins, p.Name)
+		}
 	}
+	return plugins
 }
 
 // NewNodeView reads CSINodes from csiNodes and, when csiNodeInfos is not nil
@@ -103,7 +114,6 @@ func NewNodeView(csiNodes storagelisters.CSINodeLister, csiNodeInfos cache.Gener
 		csiNodes:     csiNodes,
 		csiNodeInfos: csiNodeInfos,
 		completed:    map[string]bool{},
-		translator:   csitrans.New(),
 	}
 	for _, o := range opts {
 		o(v)
@@ -122,13 +132,11 @@ func (v *NodeView) Decide(node, inTreePlugin string) (volume.Kind, error) {
 // Decision tells how node handles the volumes of plugin. On error the
 // Decision still carries Driver and Source when they are known.
 func (v *NodeView) Decision(node, plugin string) (Decision, error) {
-	if !v.translator.IsMigratableIntreePluginByName(plugin) {
+	p, ok := volume.InTreePluginByName(plugin)
+	if !ok || !p.Migratable() {
 		return Decision{Kind: volume.KindInTree, Source: SourceNone}, nil
 	}
-	driver, err := v.translator.GetCSINameFromInTreeName(plugin)
-	if err != nil {
-		return Decision{}, fmt.Errorf("find CSI driver of in-tree plugin %s: %w", plugin, err)
-	}
+	driver := p.CSIDriver
 	if v.completed[plugin] {
 		return Decision{Kind: volume.KindCSI, Driver: driver, Source: SourceMigrationComplete}, nil
 	}

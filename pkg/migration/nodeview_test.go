@@ -210,8 +210,9 @@ func TestDecision(t *testing.T) {
 			case err == nil || !strings.HasPrefix(err.Error(), tc.wantErr):
 				t.Errorf("error = %v, want %q", err, tc.wantErr)
 			}
-			if IsNodeInfoMissing(err) != tc.missing {
-				t.Errorf("IsNodeInfoMissing(%v) = %v, want %v", err, !tc.missing, tc.missing)
+			var missing *NodeInfoMissingError
+			if errors.As(err, &missing) != tc.missing {
+				t.Errorf("error %v is a NodeInfoMissingError: %v, want %v", err, !tc.missing, tc.missing)
 			}
 
 			// Decide is Decision's Kind, with the same error.
@@ -245,9 +246,6 @@ func TestTypedErrors(t *testing.T) {
 		!reflect.DeepEqual(missing.Objects, []string{"CSINode", "CSINodeInfo"}) {
 		t.Errorf("error = %#v, want a NodeInfoMissingError for both objects", err)
 	}
-	if IsNodeInfoMissing(errors.New("other")) || IsNodeInfoMissing(nil) {
-		t.Errorf("IsNodeInfoMissing must be false for other errors")
-	}
 }
 
 func TestParseCSINodeInfo(t *testing.T) {
@@ -276,5 +274,20 @@ func TestParseCSINodeInfo(t *testing.T) {
 func TestCSINodeInfoGVR(t *testing.T) {
 	if got := CSINodeInfoGVR.String(); got != "csi.storage.k8s.io/v1alpha1, Resource=csinodeinfos" {
 		t.Errorf("CSINodeInfoGVR = %s", got)
+	}
+}
+
+func TestDecisionOrigin(t *testing.T) {
+	for _, tc := range []struct {
+		source, want string
+	}{
+		{SourceCSINode, "CSINode node-1 (annotation storage.alpha.kubernetes.io/migrated-plugins, spec.drivers)"},
+		{SourceCSINodeInfo, "CSINodeInfo node-1 (status.drivers)"},
+		{SourceMigrationComplete, "completed-migration policy: migrated on every node"},
+		{SourceNone, "never migrated: the plugin has no CSI driver"},
+	} {
+		if got := (Decision{Source: tc.source}).Origin(node); got != tc.want {
+			t.Errorf("Origin of %q = %q, want %q", tc.source, got, tc.want)
+		}
 	}
 }
