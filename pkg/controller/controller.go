@@ -49,6 +49,9 @@ type Config struct {
 	// Registerer receives the workqueue metrics and the state collector.
 	Registerer prometheus.Registerer
 	Reconciler reconciler.Config
+	// CompletedMigrations are the in-tree plugins attached through their
+	// CSI driver on every node, without reading CSINode or CSINodeInfo.
+	CompletedMigrations []string
 	// InTree holds the in-tree attacher plugins compiled in.
 	InTree *intree.Registry
 	// Workers is the number of volume workers.
@@ -214,7 +217,8 @@ func New(cfg Config) (*Controller, error) {
 			return nil, fmt.Errorf("watch CSINodeInfo: %w", err)
 		}
 	}
-	c.nodeView = migration.NewNodeView(storagelisters.NewCSINodeLister(inf.CSINodes.GetIndexer()), csiNodeInfos)
+	c.nodeView = migration.NewNodeView(storagelisters.NewCSINodeLister(inf.CSINodes.GetIndexer()), csiNodeInfos,
+		migration.WithCompletedMigrations(cfg.CompletedMigrations...))
 
 	if err := c.newQueues(); err != nil {
 		return nil, err

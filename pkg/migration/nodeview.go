@@ -92,6 +92,34 @@ func WithCompletedMigrations(plugins ...string) Option {
 	}
 }
 
+// Policies of the controller's --csi-migration flag: who decides whether an
+// in-tree volume is attached through its CSI driver.
+const (
+	// PolicyPerNode: each node's CSINode (or CSINodeInfo) decides, for every
+	// plugin; a node that has said nothing yet makes its volumes wait.
+	PolicyPerNode = "per-node"
+	// PolicyCompleted: as kube-controller-manager v1.36, the plugins whose
+	// migration upstream declares complete are CSI on every node, without
+	// reading CSINode; the others (Portworx) are decided per node.
+	PolicyCompleted = "completed"
+)
+
+// Policies lists the valid policies, the default first.
+func Policies() []string { return []string{PolicyPerNode, PolicyCompleted} }
+
+// CompletedMigrations returns the plugins policy treats as migrated on
+// every node, for WithCompletedMigrations.
+func CompletedMigrations(policy string) ([]string, error) {
+	switch policy {
+	case PolicyPerNode:
+		return nil, nil
+	case PolicyCompleted:
+		return UpstreamCompletedMigrations(), nil
+	default:
+		return nil, fmt.Errorf("unknown CSI migration policy %q: want one of %s", policy, strings.Join(Policies(), ", "))
+	}
+}
+
 // UpstreamCompletedMigrations lists the plugins kube-controller-manager v1.36
 // treats as migrated on every node (its csimigration.PluginManager
 // IsMigrationCompleteForPlugin with default feature gates). Portworx is not

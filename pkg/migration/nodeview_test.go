@@ -291,3 +291,53 @@ func TestDecisionOrigin(t *testing.T) {
 		}
 	}
 }
+
+func TestCompletedMigrations(t *testing.T) {
+	perNode, err := CompletedMigrations(PolicyPerNode)
+	if err != nil || len(perNode) != 0 {
+		t.Errorf("CompletedMigrations(per-node) = (%v, %v), want none", perNode, err)
+	}
+	completed, err := CompletedMigrations(PolicyCompleted)
+	want := []string{"kubernetes.io/aws-ebs", "kubernetes.io/gce-pd", "kubernetes.io/azure-disk", "kubernetes.io/cinder",
+		"kubernetes.io/vsphere-volume", "kubernetes.io/azure-file"}
+	if err != nil || !sameSet(completed, want) {
+		t.Errorf("CompletedMigrations(completed) = (%v, %v), want %v", completed, err, want)
+	}
+	if _, err := CompletedMigrations("upstream"); err == nil || !strings.Contains(err.Error(), `"upstream"`) ||
+		!strings.Contains(err.Error(), "per-node, completed") {
+		t.Errorf("CompletedMigrations(upstream) error = %v, want one naming the value and the valid ones", err)
+	}
+
+	// Per node, a node without CSINode waits; completed, it is CSI at once.
+	for _, tc := range []struct {
+		policy  string
+		want    Decision
+		missing bool
+	}{
+		{PolicyPerNode, Decision{Driver: ebsCSI}, true},
+		{PolicyCompleted, Decision{Kind: volume.KindCSI, Driver: ebsCSI, Source: SourceMigrationComplete}, false},
+	} {
+		plugins, _ := CompletedMigrations(tc.policy)
+		got, err := NewNodeView(csiNodeLister(t), nil, WithCompletedMigrations(plugins...)).Decision(node, ebs)
+		var missing *NodeInfoMissingError
+		if got != tc.want || errors.As(err, &missing) != tc.missing {
+			t.Errorf("%s: Decision = (%+v, %v), want (%+v, missing %v)", tc.policy, got, err, tc.want, tc.missing)
+		}
+	}
+}
+
+func sameSet(a, b []string) bool {
+	set := map[string]bool{}
+	for _, s := range a {
+		set[s] = true
+	}
+	if len(set) != len(a) || len(a) != len(b) {
+		return false
+	}
+	for _, s := range b {
+		if !set[s] {
+			return false
+		}
+	}
+	return true
+}

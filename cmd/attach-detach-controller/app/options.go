@@ -5,6 +5,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
+	"github.com/kube-attach/attach-detach-controller/pkg/migration"
 	"github.com/kube-attach/attach-detach-controller/pkg/server"
 )
 
@@ -35,6 +37,8 @@ type Options struct {
 	MaxWaitForUnmount           time.Duration
 	Workers                     int
 	OtherWriterCheckPeriod      time.Duration
+	// CSIMigration is the CSI migration policy (migration.Policies).
+	CSIMigration string
 
 	ShowVersion bool
 }
@@ -60,6 +64,7 @@ func NewOptions() *Options {
 		MaxWaitForUnmount:      6 * time.Minute,
 		Workers:                10,
 		OtherWriterCheckPeriod: time.Minute,
+		CSIMigration:           migration.PolicyPerNode,
 	}
 }
 
@@ -83,6 +88,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Workers, "workers", o.Workers, "Number of volume/node pairs reconciled at once (1-1000). Node statuses are written by one writer, one patch per node carrying all its changes.")
 	fs.DurationVar(&o.OtherWriterCheckPeriod, "other-writer-check-period", o.OtherWriterCheckPeriod,
 		"Period of the check for another attach/detach controller (kube-controller-manager's) writing VolumeAttachments or node.status.volumesAttached beside this one (at least 1s; 0 disables it).")
+	fs.StringVar(&o.CSIMigration, "csi-migration", o.CSIMigration,
+		"Who decides whether an in-tree volume (awsElasticBlockStore, gcePersistentDisk, ...) is attached through its CSI driver: "+
+			"\"per-node\": each node's CSINode, else its CSINodeInfo; a node that has said nothing yet makes the volume wait. "+
+			"\"completed\": as kube-controller-manager v1.36, the plugins whose migration upstream declares complete (all but portworx-volume) use CSI on every node without reading CSINode.")
 	fs.BoolVar(&o.ShowVersion, "version", false, "Print the version and exit.")
 }
 
@@ -103,6 +112,9 @@ func (o *Options) Validate(gate featuregate.FeatureGate) error {
 	}
 	if o.OtherWriterCheckPeriod != 0 && o.OtherWriterCheckPeriod < time.Second {
 		errs = append(errs, fmt.Errorf("--other-writer-check-period must be 0 or at least 1s, got %s", o.OtherWriterCheckPeriod))
+	}
+	if _, err := migration.CompletedMigrations(o.CSIMigration); err != nil {
+		errs = append(errs, fmt.Errorf("--csi-migration must be one of %s, got %q", strings.Join(migration.Policies(), ", "), o.CSIMigration))
 	}
 	if o.Workers < 1 || o.Workers > 1000 {
 		errs = append(errs, fmt.Errorf("--workers must be between 1 and 1000, got %d", o.Workers))

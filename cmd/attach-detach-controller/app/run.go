@@ -217,6 +217,11 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 		return nil, err
 	}
 	logger.Info("CSINodeInfo support", "crdInstalled", installed)
+	completed, err := migration.CompletedMigrations(o.CSIMigration)
+	if err != nil {
+		return nil, fmt.Errorf("--csi-migration: %w", err)
+	}
+	logger.Info("CSI migration policy", "policy", o.CSIMigration, "migratedOnEveryNode", completed)
 	// Events have a client, and so a rate limiter, of their own: posting
 	// them must not slow attaches down.
 	eventClient, err := kubernetes.NewForConfig(rest.AddUserAgent(config, "attach-detach-controller-events"))
@@ -234,6 +239,7 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 		Client:               client,
 		Dynamic:              dyn,
 		CSINodeInfoInstalled: installed,
+		CompletedMigrations:  completed,
 		Recorder:             recorder,
 		Metrics:              m,
 		Registerer:           reg,
