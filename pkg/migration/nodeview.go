@@ -7,10 +7,15 @@
 //   - CSINode (storage.k8s.io/v1): the annotation
 //     storage.alpha.kubernetes.io/migrated-plugins lists the migrated plugins
 //     and spec.drivers the registered CSI drivers. kubelet rewrites it at
-//     every start, so it wins whenever it exists.
+//     every start, so it wins whenever it carries that annotation.
 //   - CSINodeInfo (csi.storage.k8s.io/v1alpha1, a CRD of old clusters):
 //     status.drivers[] says per driver whether it is available and which
-//     mechanism handles the plugin's volumes. Read only without a CSINode.
+//     mechanism handles the plugin's volumes. Read when there is no CSINode,
+//     or a CSINode without the annotation: that one says nothing about
+//     migration. The CRD may be installed, or removed, while the controller
+//     runs (SetCSINodeInfos).
+//   - A CSINode without the annotation and no CSINodeInfo: in-tree, as a
+//     kubelet without CSI migration reports.
 //
 // With neither, the answer is not "in-tree" but "not yet": a
 // NodeInfoMissingError, so that nothing is attached (or detached) under a
@@ -20,6 +25,7 @@ package migration
 import (
 	"fmt"
 	"strings"
+	"sync/atomic"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -37,7 +43,8 @@ const (
 	SourceNone = ""
 	// SourceCSINode: the node's CSINode.
 	SourceCSINode = "CSINode"
-	// SourceCSINodeInfo: the node's CSINodeInfo (no CSINode exists).
+	// SourceCSINodeInfo: the node's CSINodeInfo (no CSINode, or one without
+	// the migrated-plugins annotation).
 	SourceCSINodeInfo = "CSINodeInfo"
 	// SourceMigrationComplete: the plugin was configured as migrated
 	// everywhere (WithCompletedMigrations); nothing was looked up.
@@ -73,7 +80,7 @@ func (d Decision) Origin(node string) string {
 // each in-tree plugin. It is safe for concurrent use.
 type NodeView struct {
 	csiNodes     storagelisters.CSINodeLister
-	csiNodeInfos cache.GenericLister
+	csiNodeInfos atomic.Pointer[cache.GenericLister]
 	completed    map[string]bool
 }
 
@@ -139,14 +146,25 @@ func UpstreamCompletedMigrations() []string {
 // objects from a dynamic informer's lister.
 func NewNodeView(csiNodes storagelisters.CSINodeLister, csiNodeInfos cache.GenericLister, opts ...Option) *NodeView {
 	v := &NodeView{
-		csiNodes:     csiNodes,
-		csiNodeInfos: csiNodeInfos,
-		completed:    map[string]bool{},
+		csiNodes:  csiNodes,
+		completed: map[string]bool{},
 	}
+	v.SetCSINodeInfos(csiNodeInfos)
 	for _, o := range opts {
 		o(v)
 	}
 	return v
+}
+
+// SetCSINodeInfos changes where CSINodeInfo objects are read from: a lister
+// once the CRD is served and its informer synced, nil once it is gone. The
+// caller re-queues what the change may decide differently.
+func (v *NodeView) SetCSINodeInfos(csiNodeInfos cache.GenericLister) {
+	if csiNodeInfos == nil {
+		v.csiNodeInfos.Store(nil)
+		return
+	}
+	v.csiNodeInfos.Store(&csiNodeInfos)
 }
 
 var _ volume.Decider = (*NodeView)(nil).Decide
@@ -169,26 +187,35 @@ func (v *NodeView) Decision(node, plugin string) (Decision, error) {
 		return Decision{Kind: volume.KindCSI, Driver: driver, Source: SourceMigrationComplete}, nil
 	}
 
+	// A CSINode without the migrated-plugins annotation says nothing about
+	// migration: a CSINodeInfo, when there is one, decides.
+	var silent *storagev1.CSINode
 	if v.csiNodes != nil {
 		csiNode, err := v.csiNodes.Get(node)
 		switch {
 		case err == nil:
-			return decideFromCSINode(csiNode, plugin, driver)
+			if _, says := csiNode.Annotations[v1.MigratedPluginsAnnotationKey]; says {
+				return decideFromCSINode(csiNode, plugin, driver)
+			}
+			silent = csiNode
 		case !apierrors.IsNotFound(err):
 			return Decision{Driver: driver, Source: SourceCSINode}, fmt.Errorf("get CSINode %s: %w", node, err)
 		}
 	}
 
 	objects := []string{SourceCSINode}
-	if v.csiNodeInfos != nil {
+	if infos := v.csiNodeInfos.Load(); infos != nil {
 		objects = append(objects, SourceCSINodeInfo)
-		obj, err := v.csiNodeInfos.Get(node)
+		obj, err := (*infos).Get(node)
 		switch {
 		case err == nil:
 			return decideFromCSINodeInfo(obj, node, driver)
 		case !apierrors.IsNotFound(err):
 			return Decision{Driver: driver, Source: SourceCSINodeInfo}, fmt.Errorf("get CSINodeInfo %s: %w", node, err)
 		}
+	}
+	if silent != nil {
+		return decideFromCSINode(silent, plugin, driver)
 	}
 	return Decision{Driver: driver}, &NodeInfoMissingError{Node: node, Plugin: plugin, Objects: objects}
 }

@@ -129,9 +129,30 @@ func TestDecision(t *testing.T) {
 		{name: "csinode: prefix of a plugin name is not a match",
 			nodes:  []*storagev1.CSINode{csiNode(node, "kubernetes.io/aws-ebs-x", ebsCSI)},
 			plugin: ebs, want: Decision{Kind: volume.KindInTree, Driver: ebsCSI, Source: SourceCSINode}},
-		{name: "csinode wins over a stale csinodeinfo",
+		{name: "csinode with the annotation wins over a stale csinodeinfo",
+			nodes: []*storagev1.CSINode{csiNode(node, "kubernetes.io/gce-pd", ebsCSI)},
+			infos: []*unstructured.Unstructured{csiNodeInfo(node, driverStatus(ebsCSI, true, "csi"))}, withInfos: true,
+			plugin: ebs, want: Decision{Kind: volume.KindInTree, Driver: ebsCSI, Source: SourceCSINode}},
+		{name: "csinode with an empty annotation says no plugin is migrated",
+			nodes: []*storagev1.CSINode{emptyAnnotation(csiNode(node, "", ebsCSI))},
+			infos: []*unstructured.Unstructured{csiNodeInfo(node, driverStatus(ebsCSI, true, "csi"))}, withInfos: true,
+			plugin: ebs, want: Decision{Kind: volume.KindInTree, Driver: ebsCSI, Source: SourceCSINode}},
+		{name: "csinode without annotation: csinodeinfo says csi",
 			nodes: []*storagev1.CSINode{csiNode(node, "", ebsCSI)},
 			infos: []*unstructured.Unstructured{csiNodeInfo(node, driverStatus(ebsCSI, true, "csi"))}, withInfos: true,
+			plugin: ebs, want: Decision{Kind: volume.KindCSI, Driver: ebsCSI, Source: SourceCSINodeInfo}},
+		{name: "csinode without annotation: csinodeinfo says in-tree",
+			nodes: []*storagev1.CSINode{csiNode(node, "", ebsCSI)},
+			infos: []*unstructured.Unstructured{csiNodeInfo(node, driverStatus(ebsCSI, true, "in-tree"))}, withInfos: true,
+			plugin: ebs, want: Decision{Kind: volume.KindInTree, Driver: ebsCSI, Source: SourceCSINodeInfo}},
+		{name: "csinode without annotation: csinodeinfo says csi, driver unavailable",
+			nodes: []*storagev1.CSINode{csiNode(node, "", ebsCSI)},
+			infos: []*unstructured.Unstructured{csiNodeInfo(node, driverStatus(ebsCSI, false, "csi"))}, withInfos: true,
+			plugin: ebs, want: Decision{Driver: ebsCSI, Source: SourceCSINodeInfo},
+			wantErr: "CSI driver ebs.csi.aws.com is not available on node node-1 (CSINodeInfo)"},
+		{name: "csinode without annotation, CRD watched, no csinodeinfo of the node",
+			nodes: []*storagev1.CSINode{csiNode(node, "", ebsCSI)},
+			infos: []*unstructured.Unstructured{csiNodeInfo("node-2", driverStatus(ebsCSI, true, "csi"))}, withInfos: true,
 			plugin: ebs, want: Decision{Kind: volume.KindInTree, Driver: ebsCSI, Source: SourceCSINode}},
 		{name: "csinode lookup error", csiNodes: failingCSINodes{}, withInfos: true,
 			plugin: ebs, want: Decision{Driver: ebsCSI, Source: SourceCSINode}, wantIs: errBroken},
@@ -340,4 +361,27 @@ func sameSet(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+func emptyAnnotation(n *storagev1.CSINode) *storagev1.CSINode {
+	n.Annotations = map[string]string{v1.MigratedPluginsAnnotationKey: ""}
+	return n
+}
+
+// The CSINodeInfo lister comes and goes with its CRD.
+func TestSetCSINodeInfos(t *testing.T) {
+	view := NewNodeView(csiNodeLister(t), nil)
+	var missing *NodeInfoMissingError
+	if _, err := view.Decision(node, ebs); !errors.As(err, &missing) || len(missing.Objects) != 1 {
+		t.Fatalf("without the CRD: error = %v, want waiting for the CSINode only", err)
+	}
+	view.SetCSINodeInfos(csiNodeInfoLister(t, csiNodeInfo(node, driverStatus(ebsCSI, true, "csi"))))
+	got, err := view.Decision(node, ebs)
+	if want := (Decision{Kind: volume.KindCSI, Driver: ebsCSI, Source: SourceCSINodeInfo}); err != nil || got != want {
+		t.Errorf("CRD installed: Decision = (%+v, %v), want %+v", got, err, want)
+	}
+	view.SetCSINodeInfos(nil)
+	if _, err := view.Decision(node, ebs); !errors.As(err, &missing) || len(missing.Objects) != 1 {
+		t.Errorf("CRD removed: error = %v, want waiting for the CSINode only", err)
+	}
 }
