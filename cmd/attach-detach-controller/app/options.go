@@ -39,6 +39,9 @@ type Options struct {
 	OtherWriterCheckPeriod      time.Duration
 	// CSIMigration is the CSI migration policy (migration.Policies).
 	CSIMigration string
+	// MaxWaitForUnmountDeletedNode is the wait on a node whose Node object
+	// is gone; nil: MaxWaitForUnmount.
+	MaxWaitForUnmountDeletedNode *time.Duration
 
 	ShowVersion bool
 }
@@ -85,6 +88,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Never detach a volume still mounted on an unhealthy node because the max wait for unmount passed (the out-of-service taint still forces it).")
 	fs.DurationVar(&o.MaxWaitForUnmount, "max-wait-for-unmount", o.MaxWaitForUnmount,
 		"How long a volume still mounted on an unhealthy (not Ready or deleted) node is waited for before it is detached anyway.")
+	fs.Var(&optionalDuration{d: &o.MaxWaitForUnmountDeletedNode}, "max-wait-for-unmount-deleted-node",
+		"How long a volume still mounted on a node whose Node object was deleted is waited for before it is detached anyway (0: at once). "+
+			"Default: the value of --max-wait-for-unmount. Lower it only where a deleted Node object means the machine is gone: "+
+			"a volume of a live machine whose Node object someone deleted would be detached while in use.")
 	fs.IntVar(&o.Workers, "workers", o.Workers, "Number of volume/node pairs reconciled at once (1-1000). Node statuses are written by one writer, one patch per node carrying all its changes.")
 	fs.DurationVar(&o.OtherWriterCheckPeriod, "other-writer-check-period", o.OtherWriterCheckPeriod,
 		"Period of the check for another attach/detach controller (kube-controller-manager's) writing VolumeAttachments or node.status.volumesAttached beside this one (at least 1s; 0 disables it).")
@@ -109,6 +116,9 @@ func (o *Options) Validate(gate featuregate.FeatureGate) error {
 	}
 	if o.MaxWaitForUnmount <= 0 {
 		errs = append(errs, fmt.Errorf("--max-wait-for-unmount must be greater than 0, got %s", o.MaxWaitForUnmount))
+	}
+	if d := o.MaxWaitForUnmountDeletedNode; d != nil && *d < 0 {
+		errs = append(errs, fmt.Errorf("--max-wait-for-unmount-deleted-node must not be negative, got %s", *d))
 	}
 	if o.OtherWriterCheckPeriod != 0 && o.OtherWriterCheckPeriod < time.Second {
 		errs = append(errs, fmt.Errorf("--other-writer-check-period must be 0 or at least 1s, got %s", o.OtherWriterCheckPeriod))
@@ -141,3 +151,27 @@ func (o *Options) Validate(gate featuregate.FeatureGate) error {
 	}
 	return errors.Join(errs...)
 }
+
+// optionalDuration is a duration flag whose default is "not set" (nil), so
+// that its default can follow another flag.
+type optionalDuration struct{ d **time.Duration }
+
+var _ pflag.Value = (*optionalDuration)(nil)
+
+func (o *optionalDuration) String() string {
+	if o.d == nil || *o.d == nil {
+		return ""
+	}
+	return (*o.d).String()
+}
+
+func (o *optionalDuration) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*o.d = &d
+	return nil
+}
+
+func (o *optionalDuration) Type() string { return "duration" }

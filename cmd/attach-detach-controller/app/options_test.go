@@ -3,6 +3,7 @@ package app
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 	"k8s.io/component-base/featuregate"
@@ -33,7 +34,7 @@ func TestPolicyFlags(t *testing.T) {
 		wantErr string
 	}{
 		{name: "defaults", check: func(o *Options) bool {
-			return o.CSIMigration == "per-node"
+			return o.CSIMigration == "per-node" && o.MaxWaitForUnmountDeletedNode == nil
 		}},
 		{name: "csi migration completed", args: []string{"--csi-migration=completed"},
 			check: func(o *Options) bool { return o.CSIMigration == "completed" }},
@@ -43,6 +44,16 @@ func TestPolicyFlags(t *testing.T) {
 			wantErr: `--csi-migration must be one of per-node, completed, got "upstream"`},
 		{name: "csi migration empty", args: []string{"--csi-migration="},
 			wantErr: `--csi-migration must be one of per-node, completed, got ""`},
+		{name: "deleted-node wait 0", args: []string{"--max-wait-for-unmount-deleted-node=0s"},
+			check: func(o *Options) bool { return o.MaxWaitForUnmountDeletedNode != nil && *o.MaxWaitForUnmountDeletedNode == 0 }},
+		{name: "deleted-node wait 30s", args: []string{"--max-wait-for-unmount-deleted-node", "30s", "--max-wait-for-unmount=2m"},
+			check: func(o *Options) bool {
+				return *o.MaxWaitForUnmountDeletedNode == 30*time.Second && o.MaxWaitForUnmount == 2*time.Minute
+			}},
+		{name: "deleted-node wait negative", args: []string{"--max-wait-for-unmount-deleted-node=-1s"},
+			wantErr: "--max-wait-for-unmount-deleted-node must not be negative, got -1s"},
+		{name: "deleted-node wait not a duration", args: []string{"--max-wait-for-unmount-deleted-node=soon"},
+			wantErr: `invalid argument "soon" for "--max-wait-for-unmount-deleted-node" flag`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

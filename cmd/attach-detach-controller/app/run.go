@@ -237,8 +237,9 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 		Metrics:             m,
 		Registerer:          reg,
 		Reconciler: reconciler.Config{
-			MaxWaitForUnmount:           o.MaxWaitForUnmount,
-			DisableForceDetachOnTimeout: o.DisableForceDetachOnTimeout,
+			MaxWaitForUnmount:            o.MaxWaitForUnmount,
+			MaxWaitForUnmountDeletedNode: o.MaxWaitForUnmountDeletedNode,
+			DisableForceDetachOnTimeout:  o.DisableForceDetachOnTimeout,
 		},
 		InTree:        intree.Builtin(),
 		Workers:       o.Workers,
