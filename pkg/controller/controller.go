@@ -42,14 +42,19 @@ import (
 type Config struct {
 	Client kubernetes.Interface
 	// Dynamic reads CSINodeInfo objects; nil disables CSINodeInfo support.
-	Dynamic dynamic.Interface
-	// CSINodeInfoInstalled says the CSINodeInfo CRD is served.
-	CSINodeInfoInstalled bool
+	// Whether their CRD is served is asked of discovery at start and every
+	// CSINodeInfoCheckPeriod (zero: DefaultCSINodeInfoCheckPeriod) while
+	// running, so that a CRD installed or removed later is followed.
+	Dynamic                dynamic.Interface
+	CSINodeInfoCheckPeriod time.Duration
 	Recorder             record.EventRecorder
 	Metrics              *metrics.Metrics
 	// Registerer receives the workqueue metrics and the state collector.
 	Registerer prometheus.Registerer
 	Reconciler reconciler.Config
+	// CompletedMigrations are the in-tree plugins attached through their
+	// CSI driver on every node, without reading CSINode or CSINodeInfo.
+	CompletedMigrations []string
 	// InTree holds the in-tree attacher plugins compiled in.
 	InTree *intree.Registry
 	// Workers is the number of volume workers.
@@ -181,6 +186,9 @@ type Controller struct {
 	// re-synced many times is told once.
 	mu       sync.Mutex
 	problems map[string]map[string]string
+	// nodeInfos follows the CSINodeInfo CRD; nil when the informers are
+	// the caller's (Config.Informers) or Dynamic is nil.
+	nodeInfos *nodeInfos
 	// goneNodes holds the last state of deleted Node objects until their
 	// sync: what they had mounted then, which the lister no longer knows.
 	goneNodes map[string]*v1.Node
@@ -208,7 +216,7 @@ func New(cfg Config) (*Controller, error) {
 		goneNodes: map[string]*v1.Node{},
 	}
 	if c.informers == nil {
-		c.informers = NewInformers(cfg.Client, cfg.Dynamic, cfg.CSINodeInfoInstalled, cfg.Observer)
+		c.informers = NewInformers(cfg.Client, cfg.Dynamic, false, cfg.Observer)
 	}
 	inf := c.informers
 	if err := inf.Pods.AddIndexers(toolscache.Indexers{indexByNode: podNodeIndex, indexByClaim: podClaimIndex}); err != nil {
@@ -237,7 +245,16 @@ func New(cfg Config) (*Controller, error) {
 			return nil, fmt.Errorf("watch CSINodeInfo: %w", err)
 		}
 	}
-	c.nodeView = migration.NewNodeView(storagelisters.NewCSINodeLister(inf.CSINodes.GetIndexer()), csiNodeInfos)
+	c.nodeView = migration.NewNodeView(storagelisters.NewCSINodeLister(inf.CSINodes.GetIndexer()), csiNodeInfos,
+		migration.WithCompletedMigrations(cfg.CompletedMigrations...))
+	if cfg.Informers == nil && cfg.Dynamic != nil {
+		period := cfg.CSINodeInfoCheckPeriod
+		if period <= 0 {
+			period = DefaultCSINodeInfoCheckPeriod
+		}
+		c.nodeInfos = &nodeInfos{discovery: cfg.Client.Discovery(), dynamic: cfg.Dynamic, view: c.nodeView, period: period,
+			handler: c.nodeInfoHandler(), changed: c.enqueueAllPods}
+	}
 
 	if err := c.newQueues(); err != nil {
 		return nil, err
@@ -322,6 +339,10 @@ func (c *Controller) Run(ctx context.Context, onReady func()) error {
 	if !toolscache.WaitForCacheSync(ctx.Done(), c.synced...) {
 		return fmt.Errorf("informer caches did not sync: %w", ctx.Err())
 	}
+	if c.nodeInfos != nil {
+		c.nodeInfos.start(ctx, time.Minute)
+		defer c.nodeInfos.stopInformer()
+	}
 	if err := c.Recover(ctx); err != nil {
 		return err
 	}
@@ -338,6 +359,9 @@ func (c *Controller) Run(ctx context.Context, onReady func()) error {
 	run(c.cfg.StatusWorkers, c.worker(QueueNodeStatus))
 	if c.cfg.SyncPeriod > 0 {
 		wg.Go(func() { wait.UntilWithContext(ctx, c.Resync, c.cfg.SyncPeriod) })
+	}
+	if c.nodeInfos != nil {
+		wg.Go(func() { c.nodeInfos.run(ctx) })
 	}
 	logger.Info("Started", "workers", c.cfg.Workers)
 	if onReady != nil {

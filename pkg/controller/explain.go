@@ -20,11 +20,67 @@ type Explanation struct {
 	State    string   `json:"state,omitempty"`
 	Reported bool     `json:"reportedInNodeStatus"`
 	Error    string   `json:"lastError,omitempty"`
+	// Mechanism is how the volume is attached on the node, and why.
+	Mechanism *Mechanism `json:"mechanism,omitempty"`
+}
+
+// Mechanism says which mechanism attaches a volume on a node (a CSI driver
+// through a VolumeAttachment, or an in-tree plugin) and which object or rule
+// chose it.
+type Mechanism struct {
+	// Kind is "csi" or "in-tree"; empty while undecided.
+	Kind         string `json:"kind"`
+	CSIDriver    string `json:"csiDriver,omitempty"`
+	InTreePlugin string `json:"inTreePlugin,omitempty"`
+	DecidedBy    string `json:"decidedBy"`
 }
 
 // Explain says what the controller will do with a volume on a node, and why.
 func (c *Controller) Explain(k cache.Key) Explanation {
-	return explanation(c.reconciler.Decide(k, c.clock.Now()))
+	d := c.reconciler.Decide(k, c.clock.Now())
+	e := explanation(d)
+	e.Mechanism = c.mechanism(d)
+	return e
+}
+
+// mechanism explains the mechanism of the volume a pod wants, or of the
+// attachment no pod wants any more.
+func (c *Controller) mechanism(d reconciler.Decision) *Mechanism {
+	s := d.Spec
+	if s == nil {
+		if !d.HasAttachment {
+			return nil
+		}
+		m := &Mechanism{Kind: string(d.Attachment.Kind), DecidedBy: "the existing attachment (no pod wants the volume)"}
+		if d.Attachment.Kind == volume.KindCSI {
+			_, m.CSIDriver, _ = volume.Parse(d.Key.Volume)
+		} else {
+			m.InTreePlugin = d.Attachment.PluginName
+		}
+		return m
+	}
+	m := &Mechanism{Kind: string(s.Kind)}
+	if s.PluginName != volume.CSIPluginName {
+		m.InTreePlugin = s.PluginName
+	}
+	if s.Kind == volume.KindCSI {
+		m.CSIDriver = s.Driver
+	}
+	switch {
+	case s.PluginName == volume.CSIPluginName:
+		m.DecidedBy = "PersistentVolume " + s.PVName + " (a CSI volume)"
+	case s.Pending != "":
+		m.DecidedBy = "undecided: " + s.Pending
+	default:
+		// Read again now: what the pod's last sync read, unless the
+		// objects changed since (their change re-queues the pod).
+		dec, err := c.nodeView.Decision(d.Key.Node, s.PluginName)
+		m.DecidedBy = dec.Origin(d.Key.Node)
+		if err != nil {
+			m.DecidedBy += ": " + err.Error()
+		}
+	}
+	return m
 }
 
 // ExplainPod explains every volume a pod wants.

@@ -26,8 +26,6 @@ type Plugin interface {
 	// Attach attaches the volume to node and returns the device path to
 	// report in node.status.volumesAttached (may be empty).
 	Attach(ctx context.Context, spec *volume.Spec, node string) (devicePath string, err error)
-	// VolumesAreAttached checks which of specs are attached to node.
-	VolumesAreAttached(ctx context.Context, specs []*volume.Spec, node string) (map[volume.Name]bool, error)
 	// Detach detaches the volume attached under name from node.
 	Detach(ctx context.Context, name volume.Name, node string) error
 }

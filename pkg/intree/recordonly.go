@@ -24,11 +24,6 @@ func (p ISCSI) Attach(ctx context.Context, spec *volume.Spec, node string) (stri
 	return recordAttach(ctx, p.Name(), isISCSI, spec, node)
 }
 
-// VolumesAreAttached implements Plugin: every volume is attached.
-func (p ISCSI) VolumesAreAttached(_ context.Context, specs []*volume.Spec, _ string) (map[volume.Name]bool, error) {
-	return allAttached(p.Name(), isISCSI, specs)
-}
-
 // Detach implements Plugin: nothing to do.
 func (p ISCSI) Detach(ctx context.Context, name volume.Name, node string) error {
 	return recordDetach(ctx, p.Name(), name, node)
@@ -50,11 +45,6 @@ func (FC) Name() string { return volume.FCPluginName }
 // Attach implements Plugin: nothing to do, no device path.
 func (p FC) Attach(ctx context.Context, spec *volume.Spec, node string) (string, error) {
 	return recordAttach(ctx, p.Name(), isFC, spec, node)
-}
-
-// VolumesAreAttached implements Plugin: every volume is attached.
-func (p FC) VolumesAreAttached(_ context.Context, specs []*volume.Spec, _ string) (map[volume.Name]bool, error) {
-	return allAttached(p.Name(), isFC, specs)
 }
 
 // Detach implements Plugin: nothing to do.
@@ -85,17 +75,6 @@ func recordAttach(ctx context.Context, plugin string, hasSource func(*volume.Spe
 	}
 	klog.FromContext(ctx).V(4).Info("Attach is done by the node; recording it", "plugin", plugin, "volume", spec.Name, "node", node)
 	return "", nil
-}
-
-func allAttached(plugin string, hasSource func(*volume.Spec) bool, specs []*volume.Spec) (map[volume.Name]bool, error) {
-	attached := make(map[volume.Name]bool, len(specs))
-	for _, s := range specs {
-		if err := checkSpec(plugin, hasSource, s); err != nil {
-			return nil, err
-		}
-		attached[s.Name] = true
-	}
-	return attached, nil
 }
 
 func recordDetach(ctx context.Context, plugin string, name volume.Name, node string) error {

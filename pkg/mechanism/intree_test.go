@@ -31,10 +31,6 @@ func (p *fakePlugin) Attach(_ context.Context, spec *volume.Spec, node string) (
 	return "/dev/sdb", nil
 }
 
-func (p *fakePlugin) VolumesAreAttached(context.Context, []*volume.Spec, string) (map[volume.Name]bool, error) {
-	return nil, errors.New("not used")
-}
-
 func (p *fakePlugin) Detach(_ context.Context, name volume.Name, node string) error {
 	p.calls = append(p.calls, "detach "+string(name)+"@"+node)
 	return p.err

@@ -3,9 +3,12 @@ package migration
 import (
 	"fmt"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
 )
 
 // CSINodeInfoGVR names the CSINodeInfo resource (a CRD of the csi.storage.k8s.io
@@ -74,4 +77,23 @@ func (i *CSINodeInfo) driverStatus(driver string) (CSIDriverInfoStatus, bool) {
 		}
 	}
 	return CSIDriverInfoStatus{}, false
+}
+
+// CSINodeInfoServed asks discovery whether the API server serves the
+// CSINodeInfo resource (its CRD is installed and established).
+func CSINodeInfoServed(d discovery.DiscoveryInterface) (bool, error) {
+	gv := CSINodeInfoGVR.GroupVersion().String()
+	list, err := d.ServerResourcesForGroupVersion(gv)
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("discover %s: %w", gv, err)
+	}
+	for _, r := range list.APIResources {
+		if r.Name == CSINodeInfoGVR.Resource {
+			return true, nil
+		}
+	}
+	return false, nil
 }

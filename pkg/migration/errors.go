@@ -1,7 +1,6 @@
 package migration
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 )
@@ -40,10 +39,4 @@ type NodeInfoMissingError struct {
 func (e *NodeInfoMissingError) Error() string {
 	return fmt.Sprintf("waiting for %s %s to decide whether in-tree plugin %s is migrated",
 		strings.Join(e.Objects, " or "), e.Node, e.Plugin)
-}
-
-// IsNodeInfoMissing tells whether err (or one it wraps) is a NodeInfoMissingError.
-func IsNodeInfoMissing(err error) bool {
-	var missing *NodeInfoMissingError
-	return errors.As(err, &missing)
 }

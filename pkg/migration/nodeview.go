@@ -7,10 +7,15 @@
 //   - CSINode (storage.k8s.io/v1): the annotation
 //     storage.alpha.kubernetes.io/migrated-plugins lists the migrated plugins
 //     and spec.drivers the registered CSI drivers. kubelet rewrites it at
-//     every start, so it wins whenever it exists.
+//     every start, so it wins whenever it carries that annotation.
 //   - CSINodeInfo (csi.storage.k8s.io/v1alpha1, a CRD of old clusters):
 //     status.drivers[] says per driver whether it is available and which
-//     mechanism handles the plugin's volumes. Read only without a CSINode.
+//     mechanism handles the plugin's volumes. Read when there is no CSINode,
+//     or a CSINode without the annotation: that one says nothing about
+//     migration. The CRD may be installed, or removed, while the controller
+//     runs (SetCSINodeInfos).
+//   - A CSINode without the annotation and no CSINodeInfo: in-tree, as a
+//     kubelet without CSI migration reports.
 //
 // With neither, the answer is not "in-tree" but "not yet": a
 // NodeInfoMissingError, so that nothing is attached (or detached) under a
@@ -20,6 +25,7 @@ package migration
 import (
 	"fmt"
 	"strings"
+	"sync/atomic"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -27,8 +33,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
-	csitrans "k8s.io/csi-translation-lib"
-	csiplugins "k8s.io/csi-translation-lib/plugins"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
@@ -39,7 +43,8 @@ const (
 	SourceNone = ""
 	// SourceCSINode: the node's CSINode.
 	SourceCSINode = "CSINode"
-	// SourceCSINodeInfo: the node's CSINodeInfo (no CSINode exists).
+	// SourceCSINodeInfo: the node's CSINodeInfo (no CSINode, or one without
+	// the migrated-plugins annotation).
 	SourceCSINodeInfo = "CSINodeInfo"
 	// SourceMigrationComplete: the plugin was configured as migrated
 	// everywhere (WithCompletedMigrations); nothing was looked up.
@@ -56,13 +61,27 @@ type Decision struct {
 	Source string
 }
 
+// Origin says, for a reader, the object or rule the decision for node was
+// read from.
+func (d Decision) Origin(node string) string {
+	switch d.Source {
+	case SourceCSINode:
+		return "CSINode " + node + " (annotation " + v1.MigratedPluginsAnnotationKey + ", spec.drivers)"
+	case SourceCSINodeInfo:
+		return "CSINodeInfo " + node + " (status.drivers)"
+	case SourceMigrationComplete:
+		return "completed-migration policy: migrated on every node"
+	default:
+		return "never migrated: the plugin has no CSI driver"
+	}
+}
+
 // NodeView answers, from informer caches, which mechanism each node uses for
 // each in-tree plugin. It is safe for concurrent use.
 type NodeView struct {
 	csiNodes     storagelisters.CSINodeLister
-	csiNodeInfos cache.GenericLister
+	csiNodeInfos atomic.Pointer[cache.GenericLister]
 	completed    map[string]bool
-	translator   csitrans.CSITranslator
 }
 
 // Option configures a NodeView.
@@ -80,19 +99,46 @@ func WithCompletedMigrations(plugins ...string) Option {
 	}
 }
 
+// Policies of the controller's --csi-migration flag: who decides whether an
+// in-tree volume is attached through its CSI driver.
+const (
+	// PolicyPerNode: each node's CSINode (or CSINodeInfo) decides, for every
+	// plugin; a node that has said nothing yet makes its volumes wait.
+	PolicyPerNode = "per-node"
+	// PolicyCompleted: as kube-controller-manager v1.36, the plugins whose
+	// migration upstream declares complete are CSI on every node, without
+	// reading CSINode; the others (Portworx) are decided per node.
+	PolicyCompleted = "completed"
+)
+
+// Policies lists the valid policies, the default first.
+func Policies() []string { return []string{PolicyPerNode, PolicyCompleted} }
+
+// CompletedMigrations returns the plugins policy treats as migrated on
+// every node, for WithCompletedMigrations.
+func CompletedMigrations(policy string) ([]string, error) {
+	switch policy {
+	case PolicyPerNode:
+		return nil, nil
+	case PolicyCompleted:
+		return UpstreamCompletedMigrations(), nil
+	default:
+		return nil, fmt.Errorf("unknown CSI migration policy %q: want one of %s", policy, strings.Join(Policies(), ", "))
+	}
+}
+
 // UpstreamCompletedMigrations lists the plugins kube-controller-manager v1.36
 // treats as migrated on every node (its csimigration.PluginManager
 // IsMigrationCompleteForPlugin with default feature gates). Portworx is not
 // among them: it stays decided per node.
 func UpstreamCompletedMigrations() []string {
-	return []string{
-		csiplugins.AWSEBSInTreePluginName,
-		csiplugins.GCEPDInTreePluginName,
-		csiplugins.AzureDiskInTreePluginName,
-		csiplugins.AzureFileInTreePluginName,
-		csiplugins.CinderInTreePluginName,
-		csiplugins.VSphereInTreePluginName,
+	var plugins []string
+	for _, p := range volume.InTreePlugins() {
+		if p.MigrationCompleteUpstream {
+			plugins = append(plugins, p.Name)
+		}
 	}
+	return plugins
 }
 
 // NewNodeView reads CSINodes from csiNodes and, when csiNodeInfos is not nil
@@ -100,15 +146,25 @@ func UpstreamCompletedMigrations() []string {
 // objects from a dynamic informer's lister.
 func NewNodeView(csiNodes storagelisters.CSINodeLister, csiNodeInfos cache.GenericLister, opts ...Option) *NodeView {
 	v := &NodeView{
-		csiNodes:     csiNodes,
-		csiNodeInfos: csiNodeInfos,
-		completed:    map[string]bool{},
-		translator:   csitrans.New(),
+		csiNodes:  csiNodes,
+		completed: map[string]bool{},
 	}
+	v.SetCSINodeInfos(csiNodeInfos)
 	for _, o := range opts {
 		o(v)
 	}
 	return v
+}
+
+// SetCSINodeInfos changes where CSINodeInfo objects are read from: a lister
+// once the CRD is served and its informer synced, nil once it is gone. The
+// caller re-queues what the change may decide differently.
+func (v *NodeView) SetCSINodeInfos(csiNodeInfos cache.GenericLister) {
+	if csiNodeInfos == nil {
+		v.csiNodeInfos.Store(nil)
+		return
+	}
+	v.csiNodeInfos.Store(&csiNodeInfos)
 }
 
 var _ volume.Decider = (*NodeView)(nil).Decide
@@ -122,37 +178,44 @@ func (v *NodeView) Decide(node, inTreePlugin string) (volume.Kind, error) {
 // Decision tells how node handles the volumes of plugin. On error the
 // Decision still carries Driver and Source when they are known.
 func (v *NodeView) Decision(node, plugin string) (Decision, error) {
-	if !v.translator.IsMigratableIntreePluginByName(plugin) {
+	p, ok := volume.InTreePluginByName(plugin)
+	if !ok || !p.Migratable() {
 		return Decision{Kind: volume.KindInTree, Source: SourceNone}, nil
 	}
-	driver, err := v.translator.GetCSINameFromInTreeName(plugin)
-	if err != nil {
-		return Decision{}, fmt.Errorf("find CSI driver of in-tree plugin %s: %w", plugin, err)
-	}
+	driver := p.CSIDriver
 	if v.completed[plugin] {
 		return Decision{Kind: volume.KindCSI, Driver: driver, Source: SourceMigrationComplete}, nil
 	}
 
+	// A CSINode without the migrated-plugins annotation says nothing about
+	// migration: a CSINodeInfo, when there is one, decides.
+	var silent *storagev1.CSINode
 	if v.csiNodes != nil {
 		csiNode, err := v.csiNodes.Get(node)
 		switch {
 		case err == nil:
-			return decideFromCSINode(csiNode, plugin, driver)
+			if _, says := csiNode.Annotations[v1.MigratedPluginsAnnotationKey]; says {
+				return decideFromCSINode(csiNode, plugin, driver)
+			}
+			silent = csiNode
 		case !apierrors.IsNotFound(err):
 			return Decision{Driver: driver, Source: SourceCSINode}, fmt.Errorf("get CSINode %s: %w", node, err)
 		}
 	}
 
 	objects := []string{SourceCSINode}
-	if v.csiNodeInfos != nil {
+	if infos := v.csiNodeInfos.Load(); infos != nil {
 		objects = append(objects, SourceCSINodeInfo)
-		obj, err := v.csiNodeInfos.Get(node)
+		obj, err := (*infos).Get(node)
 		switch {
 		case err == nil:
 			return decideFromCSINodeInfo(obj, node, driver)
 		case !apierrors.IsNotFound(err):
 			return Decision{Driver: driver, Source: SourceCSINodeInfo}, fmt.Errorf("get CSINodeInfo %s: %w", node, err)
 		}
+	}
+	if silent != nil {
+		return decideFromCSINode(silent, plugin, driver)
 	}
 	return Decision{Driver: driver}, &NodeInfoMissingError{Node: node, Plugin: plugin, Objects: objects}
 }

@@ -129,9 +129,30 @@ func TestDecision(t *testing.T) {
 		{name: "csinode: prefix of a plugin name is not a match",
 			nodes:  []*storagev1.CSINode{csiNode(node, "kubernetes.io/aws-ebs-x", ebsCSI)},
 			plugin: ebs, want: Decision{Kind: volume.KindInTree, Driver: ebsCSI, Source: SourceCSINode}},
-		{name: "csinode wins over a stale csinodeinfo",
+		{name: "csinode with the annotation wins over a stale csinodeinfo",
+			nodes: []*storagev1.CSINode{csiNode(node, "kubernetes.io/gce-pd", ebsCSI)},
+			infos: []*unstructured.Unstructured{csiNodeInfo(node, driverStatus(ebsCSI, true, "csi"))}, withInfos: true,
+			plugin: ebs, want: Decision{Kind: volume.KindInTree, Driver: ebsCSI, Source: SourceCSINode}},
+		{name: "csinode with an empty annotation says no plugin is migrated",
+			nodes: []*storagev1.CSINode{emptyAnnotation(csiNode(node, "", ebsCSI))},
+			infos: []*unstructured.Unstructured{csiNodeInfo(node, driverStatus(ebsCSI, true, "csi"))}, withInfos: true,
+			plugin: ebs, want: Decision{Kind: volume.KindInTree, Driver: ebsCSI, Source: SourceCSINode}},
+		{name: "csinode without annotation: csinodeinfo says csi",
 			nodes: []*storagev1.CSINode{csiNode(node, "", ebsCSI)},
 			infos: []*unstructured.Unstructured{csiNodeInfo(node, driverStatus(ebsCSI, true, "csi"))}, withInfos: true,
+			plugin: ebs, want: Decision{Kind: volume.KindCSI, Driver: ebsCSI, Source: SourceCSINodeInfo}},
+		{name: "csinode without annotation: csinodeinfo says in-tree",
+			nodes: []*storagev1.CSINode{csiNode(node, "", ebsCSI)},
+			infos: []*unstructured.Unstructured{csiNodeInfo(node, driverStatus(ebsCSI, true, "in-tree"))}, withInfos: true,
+			plugin: ebs, want: Decision{Kind: volume.KindInTree, Driver: ebsCSI, Source: SourceCSINodeInfo}},
+		{name: "csinode without annotation: csinodeinfo says csi, driver unavailable",
+			nodes: []*storagev1.CSINode{csiNode(node, "", ebsCSI)},
+			infos: []*unstructured.Unstructured{csiNodeInfo(node, driverStatus(ebsCSI, false, "csi"))}, withInfos: true,
+			plugin: ebs, want: Decision{Driver: ebsCSI, Source: SourceCSINodeInfo},
+			wantErr: "CSI driver ebs.csi.aws.com is not available on node node-1 (CSINodeInfo)"},
+		{name: "csinode without annotation, CRD watched, no csinodeinfo of the node",
+			nodes: []*storagev1.CSINode{csiNode(node, "", ebsCSI)},
+			infos: []*unstructured.Unstructured{csiNodeInfo("node-2", driverStatus(ebsCSI, true, "csi"))}, withInfos: true,
 			plugin: ebs, want: Decision{Kind: volume.KindInTree, Driver: ebsCSI, Source: SourceCSINode}},
 		{name: "csinode lookup error", csiNodes: failingCSINodes{}, withInfos: true,
 			plugin: ebs, want: Decision{Driver: ebsCSI, Source: SourceCSINode}, wantIs: errBroken},
@@ -210,8 +231,9 @@ func TestDecision(t *testing.T) {
 			case err == nil || !strings.HasPrefix(err.Error(), tc.wantErr):
 				t.Errorf("error = %v, want %q", err, tc.wantErr)
 			}
-			if IsNodeInfoMissing(err) != tc.missing {
-				t.Errorf("IsNodeInfoMissing(%v) = %v, want %v", err, !tc.missing, tc.missing)
+			var missing *NodeInfoMissingError
+			if errors.As(err, &missing) != tc.missing {
+				t.Errorf("error %v is a NodeInfoMissingError: %v, want %v", err, !tc.missing, tc.missing)
 			}
 
 			// Decide is Decision's Kind, with the same error.
@@ -245,9 +267,6 @@ func TestTypedErrors(t *testing.T) {
 		!reflect.DeepEqual(missing.Objects, []string{"CSINode", "CSINodeInfo"}) {
 		t.Errorf("error = %#v, want a NodeInfoMissingError for both objects", err)
 	}
-	if IsNodeInfoMissing(errors.New("other")) || IsNodeInfoMissing(nil) {
-		t.Errorf("IsNodeInfoMissing must be false for other errors")
-	}
 }
 
 func TestParseCSINodeInfo(t *testing.T) {
@@ -276,5 +295,93 @@ func TestParseCSINodeInfo(t *testing.T) {
 func TestCSINodeInfoGVR(t *testing.T) {
 	if got := CSINodeInfoGVR.String(); got != "csi.storage.k8s.io/v1alpha1, Resource=csinodeinfos" {
 		t.Errorf("CSINodeInfoGVR = %s", got)
+	}
+}
+
+func TestDecisionOrigin(t *testing.T) {
+	for _, tc := range []struct {
+		source, want string
+	}{
+		{SourceCSINode, "CSINode node-1 (annotation storage.alpha.kubernetes.io/migrated-plugins, spec.drivers)"},
+		{SourceCSINodeInfo, "CSINodeInfo node-1 (status.drivers)"},
+		{SourceMigrationComplete, "completed-migration policy: migrated on every node"},
+		{SourceNone, "never migrated: the plugin has no CSI driver"},
+	} {
+		if got := (Decision{Source: tc.source}).Origin(node); got != tc.want {
+			t.Errorf("Origin of %q = %q, want %q", tc.source, got, tc.want)
+		}
+	}
+}
+
+func TestCompletedMigrations(t *testing.T) {
+	perNode, err := CompletedMigrations(PolicyPerNode)
+	if err != nil || len(perNode) != 0 {
+		t.Errorf("CompletedMigrations(per-node) = (%v, %v), want none", perNode, err)
+	}
+	completed, err := CompletedMigrations(PolicyCompleted)
+	want := []string{"kubernetes.io/aws-ebs", "kubernetes.io/gce-pd", "kubernetes.io/azure-disk", "kubernetes.io/cinder",
+		"kubernetes.io/vsphere-volume", "kubernetes.io/azure-file"}
+	if err != nil || !sameSet(completed, want) {
+		t.Errorf("CompletedMigrations(completed) = (%v, %v), want %v", completed, err, want)
+	}
+	if _, err := CompletedMigrations("upstream"); err == nil || !strings.Contains(err.Error(), `"upstream"`) ||
+		!strings.Contains(err.Error(), "per-node, completed") {
+		t.Errorf("CompletedMigrations(upstream) error = %v, want one naming the value and the valid ones", err)
+	}
+
+	// Per node, a node without CSINode waits; completed, it is CSI at once.
+	for _, tc := range []struct {
+		policy  string
+		want    Decision
+		missing bool
+	}{
+		{PolicyPerNode, Decision{Driver: ebsCSI}, true},
+		{PolicyCompleted, Decision{Kind: volume.KindCSI, Driver: ebsCSI, Source: SourceMigrationComplete}, false},
+	} {
+		plugins, _ := CompletedMigrations(tc.policy)
+		got, err := NewNodeView(csiNodeLister(t), nil, WithCompletedMigrations(plugins...)).Decision(node, ebs)
+		var missing *NodeInfoMissingError
+		if got != tc.want || errors.As(err, &missing) != tc.missing {
+			t.Errorf("%s: Decision = (%+v, %v), want (%+v, missing %v)", tc.policy, got, err, tc.want, tc.missing)
+		}
+	}
+}
+
+func sameSet(a, b []string) bool {
+	set := map[string]bool{}
+	for _, s := range a {
+		set[s] = true
+	}
+	if len(set) != len(a) || len(a) != len(b) {
+		return false
+	}
+	for _, s := range b {
+		if !set[s] {
+			return false
+		}
+	}
+	return true
+}
+
+func emptyAnnotation(n *storagev1.CSINode) *storagev1.CSINode {
+	n.Annotations = map[string]string{v1.MigratedPluginsAnnotationKey: ""}
+	return n
+}
+
+// The CSINodeInfo lister comes and goes with its CRD.
+func TestSetCSINodeInfos(t *testing.T) {
+	view := NewNodeView(csiNodeLister(t), nil)
+	var missing *NodeInfoMissingError
+	if _, err := view.Decision(node, ebs); !errors.As(err, &missing) || len(missing.Objects) != 1 {
+		t.Fatalf("without the CRD: error = %v, want waiting for the CSINode only", err)
+	}
+	view.SetCSINodeInfos(csiNodeInfoLister(t, csiNodeInfo(node, driverStatus(ebsCSI, true, "csi"))))
+	got, err := view.Decision(node, ebs)
+	if want := (Decision{Kind: volume.KindCSI, Driver: ebsCSI, Source: SourceCSINodeInfo}); err != nil || got != want {
+		t.Errorf("CRD installed: Decision = (%+v, %v), want %+v", got, err, want)
+	}
+	view.SetCSINodeInfos(nil)
+	if _, err := view.Decision(node, ebs); !errors.As(err, &missing) || len(missing.Objects) != 1 {
+		t.Errorf("CRD removed: error = %v, want waiting for the CSINode only", err)
 	}
 }

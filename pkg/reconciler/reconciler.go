@@ -65,6 +65,11 @@ type Config struct {
 	// MaxWaitForUnmount is how long a volume still mounted on an unhealthy
 	// node is waited for before it is detached anyway.
 	MaxWaitForUnmount time.Duration
+	// MaxWaitForUnmountDeletedNode, when set, replaces MaxWaitForUnmount
+	// for a node whose Node object is gone (deleted, or absent when the
+	// controller started): where a deleted Node means the machine is gone,
+	// its volumes may be detached sooner (0: at once).
+	MaxWaitForUnmountDeletedNode *time.Duration
 	// DisableForceDetachOnTimeout keeps mounted volumes of unhealthy nodes
 	// attached however long it takes (the out-of-service taint still works).
 	DisableForceDetachOnTimeout bool

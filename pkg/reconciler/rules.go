@@ -24,7 +24,8 @@ func singleNodeAccessConflict(spec *volume.Spec, node string, actual *cache.Actu
 // with its two exceptions: the node.kubernetes.io/out-of-service taint (at
 // once), and an unhealthy node (not Ready, or deleted) once the max wait for
 // unmount has passed since the detach was first wanted, unless forced
-// detaches on timeout are disabled.
+// detaches on timeout are disabled. A node whose Node object is gone waits
+// MaxWaitForUnmountDeletedNode instead, when set.
 //
 // A node never seen (deleted before the controller started) may have
 // anything mounted: it is treated as unhealthy with the volume mounted.
@@ -45,8 +46,12 @@ func safeToDetach(k cache.Key, node cache.NodeInfo, wanted, now time.Time, cfg C
 	if cfg.DisableForceDetachOnTimeout {
 		return "", 0, fmt.Sprintf("still mounted on unhealthy node %s and forced detach on timeout is disabled", k.Node)
 	}
-	if elapsed := now.Sub(wanted); elapsed < cfg.MaxWaitForUnmount {
-		left := cfg.MaxWaitForUnmount - elapsed
+	maxWait := cfg.MaxWaitForUnmount
+	if !node.Exists && cfg.MaxWaitForUnmountDeletedNode != nil {
+		maxWait = *cfg.MaxWaitForUnmountDeletedNode
+	}
+	if elapsed := now.Sub(wanted); elapsed < maxWait {
+		left := maxWait - elapsed
 		return "", left, fmt.Sprintf("still mounted on unhealthy node %s; forced detach in %s unless it is unmounted", k.Node, left.Round(time.Second))
 	}
 	return ForceTimeout, 0, ""

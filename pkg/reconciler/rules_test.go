@@ -89,6 +89,51 @@ func TestSafeToDetach(t *testing.T) {
 	}
 }
 
+// The wait on a node whose Node object is gone is its own setting; other
+// unhealthy nodes keep the max wait for unmount.
+func TestSafeToDetachDeletedNode(t *testing.T) {
+	k := key(specA, node1)
+	inUse := map[volume.Name]bool{specA.Name: true}
+	wait := func(d time.Duration) Config {
+		return Config{MaxWaitForUnmount: 6 * time.Minute, MaxWaitForUnmountDeletedNode: &d}
+	}
+	deleted := cache.NodeInfo{Seen: true, Exists: false, Ready: true, InUse: inUse}
+	tests := []struct {
+		name      string
+		node      cache.NodeInfo
+		elapsed   time.Duration
+		cfg       Config
+		wantForce string
+		wantAfter time.Duration
+		wantWait  string
+	}{
+		{name: "deleted, wait 0: at once", node: deleted, cfg: wait(0), wantForce: ForceTimeout},
+		{name: "deleted, wait 1m, 30s in", node: deleted, elapsed: 30 * time.Second, cfg: wait(time.Minute),
+			wantAfter: 30 * time.Second, wantWait: "still mounted on unhealthy node node-1; forced detach in 30s unless it is unmounted"},
+		{name: "deleted, wait 1m, over", node: deleted, elapsed: time.Minute, cfg: wait(time.Minute), wantForce: ForceTimeout},
+		{name: "deleted, wait longer than the max wait", node: deleted, elapsed: 7 * time.Minute, cfg: wait(10 * time.Minute),
+			wantAfter: 3 * time.Minute, wantWait: "still mounted on unhealthy node node-1; forced detach in 3m0s unless it is unmounted"},
+		{name: "never seen (gone before the start), wait 0", node: cache.NodeInfo{}, cfg: wait(0), wantForce: ForceTimeout},
+		{name: "answered gone by the API, wait 0", node: cache.NodeInfo{Managed: true}, cfg: wait(0), wantForce: ForceTimeout},
+		{name: "not ready but existing: the max wait", node: cache.NodeInfo{Seen: true, Exists: true, InUse: inUse}, elapsed: time.Minute, cfg: wait(0),
+			wantAfter: 5 * time.Minute, wantWait: "still mounted on unhealthy node node-1; forced detach in 5m0s unless it is unmounted"},
+		{name: "ready and existing: never", node: cache.NodeInfo{Seen: true, Exists: true, Ready: true, InUse: inUse}, elapsed: time.Hour, cfg: wait(0),
+			wantWait: "still mounted on node node-1 (in node.status.volumesInUse); waiting for kubelet to unmount it"},
+		{name: "deleted, forced detach on timeout disabled", node: deleted, elapsed: time.Hour,
+			cfg: Config{MaxWaitForUnmount: 6 * time.Minute, MaxWaitForUnmountDeletedNode: new(time.Duration), DisableForceDetachOnTimeout: true},
+			wantWait: "still mounted on unhealthy node node-1 and forced detach on timeout is disabled"},
+		{name: "deleted, not mounted", node: cache.NodeInfo{Seen: true}, cfg: wait(time.Hour)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			force, after, wait := safeToDetach(k, tt.node, t0, t0.Add(tt.elapsed), tt.cfg)
+			if force != tt.wantForce || after != tt.wantAfter || wait != tt.wantWait {
+				t.Errorf("safeToDetach = %q, %v, %q; want %q, %v, %q", force, after, wait, tt.wantForce, tt.wantAfter, tt.wantWait)
+			}
+		})
+	}
+}
+
 func TestSingleNodeAccessConflict(t *testing.T) {
 	migrated := &volume.Spec{Name: ebsCSI, Aliases: []volume.Name{ebsInTree}, Kind: volume.KindCSI, SingleNode: true}
 	tests := []struct {

@@ -6,14 +6,6 @@ import (
 	"fmt"
 
 	v1 "k8s.io/api/core/v1"
-	csiplugins "k8s.io/csi-translation-lib/plugins"
-)
-
-// Plugin names of the in-tree sources that are never migrated to CSI; the
-// migratable ones are named by k8s.io/csi-translation-lib/plugins.
-const (
-	ISCSIPluginName = "kubernetes.io/iscsi"
-	FCPluginName    = "kubernetes.io/fc"
 )
 
 // ErrNotAttachable says a volume source needs no attach (nfs, hostPath,
@@ -60,89 +52,42 @@ func InTreeName(pv *v1.PersistentVolume, inline *v1.Volume) (plugin string, name
 func pvName(pv *v1.PersistentVolume) (string, Name, error) {
 	s := &pv.Spec.PersistentVolumeSource
 	what := "PersistentVolume " + pv.Name
-	switch {
-	case s.CSI != nil:
+	if s.CSI != nil {
 		if s.CSI.Driver == "" || s.CSI.VolumeHandle == "" {
 			return "", "", fmt.Errorf("%s: CSI source needs both driver (%q) and volumeHandle (%q)", what, s.CSI.Driver, s.CSI.VolumeHandle)
 		}
 		return CSIPluginName, CSIName(s.CSI.Driver, s.CSI.VolumeHandle), nil
-	case s.AWSElasticBlockStore != nil:
-		return idName(what, csiplugins.AWSEBSInTreePluginName, "volumeID", s.AWSElasticBlockStore.VolumeID)
-	case s.GCEPersistentDisk != nil:
-		return idName(what, csiplugins.GCEPDInTreePluginName, "pdName", s.GCEPersistentDisk.PDName)
-	case s.AzureDisk != nil:
-		return idName(what, csiplugins.AzureDiskInTreePluginName, "diskURI", s.AzureDisk.DataDiskURI)
-	case s.Cinder != nil:
-		return idName(what, csiplugins.CinderInTreePluginName, "volumeID", s.Cinder.VolumeID)
-	case s.VsphereVolume != nil:
-		return idName(what, csiplugins.VSphereInTreePluginName, "volumePath", s.VsphereVolume.VolumePath)
-	case s.PortworxVolume != nil:
-		return idName(what, csiplugins.PortworxVolumePluginName, "volumeID", s.PortworxVolume.VolumeID)
-	case s.ISCSI != nil:
-		return iscsiName(what, s.ISCSI.TargetPortal, s.ISCSI.IQN, s.ISCSI.Lun)
-	case s.FC != nil:
-		return fcName(what, s.FC)
-	case *s == (v1.PersistentVolumeSource{}):
-		return "", "", fmt.Errorf("%s has no volume source", what)
-	default:
-		return "", "", fmt.Errorf("%s: %w", what, ErrNotAttachable)
 	}
+	if p, src := pvPlugin(s); src != nil {
+		return sourceName(what, p, src)
+	}
+	if *s == (v1.PersistentVolumeSource{}) {
+		return "", "", fmt.Errorf("%s has no volume source", what)
+	}
+	return "", "", fmt.Errorf("%s: %w", what, ErrNotAttachable)
 }
 
 func inlineName(vol *v1.Volume) (string, Name, error) {
 	s := &vol.VolumeSource
 	what := "volume " + vol.Name
-	switch {
-	case s.AWSElasticBlockStore != nil:
-		return idName(what, csiplugins.AWSEBSInTreePluginName, "volumeID", s.AWSElasticBlockStore.VolumeID)
-	case s.GCEPersistentDisk != nil:
-		return idName(what, csiplugins.GCEPDInTreePluginName, "pdName", s.GCEPersistentDisk.PDName)
-	case s.AzureDisk != nil:
-		return idName(what, csiplugins.AzureDiskInTreePluginName, "diskURI", s.AzureDisk.DataDiskURI)
-	case s.Cinder != nil:
-		return idName(what, csiplugins.CinderInTreePluginName, "volumeID", s.Cinder.VolumeID)
-	case s.VsphereVolume != nil:
-		return idName(what, csiplugins.VSphereInTreePluginName, "volumePath", s.VsphereVolume.VolumePath)
-	case s.PortworxVolume != nil:
-		return idName(what, csiplugins.PortworxVolumePluginName, "volumeID", s.PortworxVolume.VolumeID)
-	case s.ISCSI != nil:
-		return iscsiName(what, s.ISCSI.TargetPortal, s.ISCSI.IQN, s.ISCSI.Lun)
-	case s.FC != nil:
-		return fcName(what, s.FC)
-	case s.PersistentVolumeClaim != nil, s.Ephemeral != nil:
+	if p, src := inlinePlugin(s); src != nil {
+		return sourceName(what, p, src)
+	}
+	if s.PersistentVolumeClaim != nil || s.Ephemeral != nil {
 		// Attachability belongs to the PV behind the claim, not to the pod.
 		return "", "", fmt.Errorf("%s refers to a claim: resolve its PersistentVolume first", what)
-	default:
-		// Includes inline CSI (ephemeral) volumes: upstream never attaches them.
-		return "", "", fmt.Errorf("%s: %w", what, ErrNotAttachable)
 	}
+	// Includes inline CSI (ephemeral) volumes: upstream never attaches them.
+	return "", "", fmt.Errorf("%s: %w", what, ErrNotAttachable)
 }
 
-func idName(what, plugin, field, id string) (string, Name, error) {
-	if id == "" {
-		return "", "", fmt.Errorf("%s: %s source has an empty %s", what, plugin, field)
-	}
-	return plugin, inTreeName(plugin, id), nil
-}
-
-// iscsiName follows the iSCSI plugin's GetVolumeName: "<portal>:<iqn>:<lun>".
-func iscsiName(what, portal, iqn string, lun int32) (string, Name, error) {
-	if portal == "" || iqn == "" {
-		return "", "", fmt.Errorf("%s: iscsi source needs both targetPortal (%q) and iqn (%q)", what, portal, iqn)
-	}
-	return ISCSIPluginName, inTreeName(ISCSIPluginName, fmt.Sprintf("%s:%s:%d", portal, iqn, lun)), nil
-}
-
-// fcName follows the FC plugin's GetVolumeName, which formats the whole
-// slice with %v: "[wwn1 wwn2]:<lun>", or "[wwid1 ...]" when only WWIDs are
-// set. kubelet computes the same string, so it must not be "tidied".
-func fcName(what string, fc *v1.FCVolumeSource) (string, Name, error) {
+// sourceName is the unique name of one plugin's source.
+func sourceName(what string, p InTreePlugin, src *pluginSource) (string, Name, error) {
 	switch {
-	case len(fc.TargetWWNs) != 0 && fc.Lun != nil:
-		return FCPluginName, inTreeName(FCPluginName, fmt.Sprintf("%v:%d", fc.TargetWWNs, *fc.Lun)), nil
-	case len(fc.WWIDs) != 0:
-		return FCPluginName, inTreeName(FCPluginName, fmt.Sprintf("%v", fc.WWIDs)), nil
-	default:
-		return "", "", fmt.Errorf("%s: fc source needs targetWWNs with lun, or wwids", what)
+	case p.NoAttach:
+		return "", "", fmt.Errorf("%s: %w", what, ErrNotAttachable)
+	case src.problem != "":
+		return "", "", fmt.Errorf("%s: %s", what, src.problem)
 	}
+	return p.Name, inTreeName(p.Name, src.id), nil
 }

@@ -6,7 +6,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	csitrans "k8s.io/csi-translation-lib"
-	csiplugins "k8s.io/csi-translation-lib/plugins"
 	"k8s.io/klog/v2"
 )
 
@@ -46,25 +45,35 @@ func Resolve(logger klog.Logger, src Source, node string, decide Decider) (*Spec
 		return resolveCSI(src.PV)
 	}
 
-	tr := csitrans.New()
-	migratable := (src.PV != nil && tr.IsPVMigratable(src.PV)) ||
-		(src.Inline != nil && tr.IsInlineMigratable(src.Inline))
-	if migratable {
-		return resolveMigratable(logger, tr, src, node, decide)
+	plugin, ps := sourcePlugin(src)
+	if ps == nil {
+		// Not an in-tree plugin's source: an error says what it is.
+		_, _, err := InTreeName(src.PV, src.Inline)
+		return nil, err
 	}
-
-	// Not migratable: iSCSI, FC, or a source that needs no attach.
-	plugin, name, err := InTreeName(src.PV, src.Inline)
+	if plugin.Migratable() {
+		return resolveMigratable(logger, plugin, ps, src, node, decide)
+	}
+	_, name, err := sourceName(describe(src), plugin, ps)
 	if err != nil {
 		return nil, err
 	}
 	spec := &Spec{
 		Name:       name,
 		Kind:       KindInTree,
-		PluginName: plugin,
+		PluginName: plugin.Name,
 	}
 	setOrigin(spec, src)
 	return spec, nil
+}
+
+// sourcePlugin finds the in-tree plugin of src and what it reads of it; nil
+// when src is not an in-tree plugin's.
+func sourcePlugin(src Source) (InTreePlugin, *pluginSource) {
+	if src.PV != nil {
+		return pvPlugin(&src.PV.Spec.PersistentVolumeSource)
+	}
+	return inlinePlugin(&src.Inline.VolumeSource)
 }
 
 func resolveCSI(pv *v1.PersistentVolume) (*Spec, error) {
@@ -83,20 +92,18 @@ func resolveCSI(pv *v1.PersistentVolume) (*Spec, error) {
 	return spec, nil
 }
 
-func resolveMigratable(logger klog.Logger, tr csitrans.CSITranslator, src Source, node string, decide Decider) (*Spec, error) {
-	plugin, err := tr.GetInTreePluginNameFromSpec(src.PV, src.Inline)
-	if err != nil {
-		return nil, fmt.Errorf("find in-tree plugin of %s: %w", describe(src), err)
-	}
-	if plugin == csiplugins.AzureFileInTreePluginName {
+func resolveMigratable(logger klog.Logger, p InTreePlugin, ps *pluginSource, src Source, node string, decide Decider) (*Spec, error) {
+	plugin := p.Name
+	if p.NoAttach {
 		// Migratable, but a file share: nothing is attached to a node.
 		return nil, fmt.Errorf("%s (%s): %w", describe(src), plugin, ErrNotAttachable)
 	}
-	_, inTree, err := InTreeName(src.PV, src.Inline)
+	_, inTree, err := sourceName(describe(src), p, ps)
 	if err != nil {
 		return nil, err
 	}
 
+	tr := csitrans.New()
 	var translated *v1.PersistentVolume
 	if src.PV != nil {
 		translated, err = tr.TranslateInTreePVToCSI(logger, src.PV)
@@ -153,18 +160,24 @@ func resolveMigratable(logger klog.Logger, tr csitrans.CSITranslator, src Source
 
 // setOrigin records the original source and what follows from it alone.
 func setOrigin(spec *Spec, src Source) {
+	p, ps := sourcePlugin(src)
 	if src.PV != nil {
 		spec.PV = src.PV
 		spec.PVName = src.PV.Name
 		spec.SingleNode = singleNodeModes(src.PV.Spec.AccessModes)
-		spec.ReadOnly = pvReadOnly(&src.PV.Spec.PersistentVolumeSource)
+		switch {
+		case src.PV.Spec.CSI != nil:
+			spec.ReadOnly = src.PV.Spec.CSI.ReadOnly
+		case ps != nil:
+			spec.ReadOnly = ps.readOnly
+		}
 		return
 	}
 	spec.Inline = src.Inline
-	// Upstream's rule for inline volumes, which carry no access modes: these
-	// two are known to break when attached to several nodes.
-	spec.SingleNode = src.Inline.AzureDisk != nil || src.Inline.Cinder != nil
-	spec.ReadOnly = inlineReadOnly(&src.Inline.VolumeSource)
+	if ps != nil {
+		spec.SingleNode = p.SingleNodeInline
+		spec.ReadOnly = ps.readOnly
+	}
 }
 
 // singleNodeModes is upstream's IsMultiAttachAllowed for a PV, negated: a
@@ -180,48 +193,6 @@ func singleNodeModes(modes []v1.PersistentVolumeAccessMode) bool {
 		}
 	}
 	return true
-}
-
-func pvReadOnly(s *v1.PersistentVolumeSource) bool {
-	switch {
-	case s.CSI != nil:
-		return s.CSI.ReadOnly
-	case s.AWSElasticBlockStore != nil:
-		return s.AWSElasticBlockStore.ReadOnly
-	case s.GCEPersistentDisk != nil:
-		return s.GCEPersistentDisk.ReadOnly
-	case s.AzureDisk != nil:
-		return s.AzureDisk.ReadOnly != nil && *s.AzureDisk.ReadOnly
-	case s.Cinder != nil:
-		return s.Cinder.ReadOnly
-	case s.PortworxVolume != nil:
-		return s.PortworxVolume.ReadOnly
-	case s.ISCSI != nil:
-		return s.ISCSI.ReadOnly
-	case s.FC != nil:
-		return s.FC.ReadOnly
-	}
-	return false // vsphereVolume has no readOnly field
-}
-
-func inlineReadOnly(s *v1.VolumeSource) bool {
-	switch {
-	case s.AWSElasticBlockStore != nil:
-		return s.AWSElasticBlockStore.ReadOnly
-	case s.GCEPersistentDisk != nil:
-		return s.GCEPersistentDisk.ReadOnly
-	case s.AzureDisk != nil:
-		return s.AzureDisk.ReadOnly != nil && *s.AzureDisk.ReadOnly
-	case s.Cinder != nil:
-		return s.Cinder.ReadOnly
-	case s.PortworxVolume != nil:
-		return s.PortworxVolume.ReadOnly
-	case s.ISCSI != nil:
-		return s.ISCSI.ReadOnly
-	case s.FC != nil:
-		return s.FC.ReadOnly
-	}
-	return false
 }
 
 func describe(src Source) string {

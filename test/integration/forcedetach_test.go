@@ -6,6 +6,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-attach/attach-detach-controller/cmd/attach-detach-controller/app"
 	"github.com/kube-attach/attach-detach-controller/test/framework"
@@ -84,4 +85,33 @@ func TestNoForcedDetachWhenDisabled(t *testing.T) {
 	// Unmounted: now it may go, node NotReady or not.
 	e.setVolumesInUse(node)
 	e.waitDetached(driver, "vol-1", node)
+}
+
+// With --max-wait-for-unmount-deleted-node=0, a volume still mounted on a
+// node whose Node object is deleted is detached at once, while the max wait
+// for unmount (6m) still applies to nodes that exist.
+func TestDeletedNodeDetachedAtOnce(t *testing.T) {
+	e := newEnv(t, "delnode")
+	driver := e.name("csi.test")
+	e.startAttacher(driver, "")
+	e.startController(func(o *app.Options) {
+		o.MaxWaitForUnmount = 6 * time.Minute
+		o.MaxWaitForUnmountDeletedNode = new(time.Duration)
+	})
+
+	node, va, _ := mountedOnDeadNode(e, driver)
+	// NotReady and mounted: the max wait for unmount holds it.
+	vw := e.watchVA(va)
+	framework.Consistently(t, quietPeriod, vw.intact, "the volume mounted on a NotReady node to stay attached")
+	vw.close()
+
+	if err := e.client.CoreV1().Nodes().Delete(e.ctx, node, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("delete node %s: %v", node, err)
+	}
+	deleted := time.Now()
+	framework.Eventually(t, waitTimeout, func() (bool, error) {
+		_, exists, err := e.getVA(va.Name)
+		return !exists, err
+	}, "VolumeAttachment %s deleted once node %s is deleted", va.Name, node)
+	t.Logf("Detached %s after the Node object was deleted", time.Since(deleted))
 }

@@ -448,10 +448,6 @@ func (p *iscsiPlugin) Attach(ctx context.Context, spec *volumeSpec, node string)
 	return dev, err
 }
 
-func (p *iscsiPlugin) VolumesAreAttached(ctx context.Context, specs []*volumeSpec, node string) (map[volumeName]bool, error) {
-	return intree.ISCSI{}.VolumesAreAttached(ctx, specs, node)
-}
-
 func (p *iscsiPlugin) Detach(ctx context.Context, name volumeName, node string) error {
 	s := p.s
 	if s.yield() {

@@ -5,6 +5,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
+	"github.com/kube-attach/attach-detach-controller/pkg/migration"
 	"github.com/kube-attach/attach-detach-controller/pkg/server"
 )
 
@@ -35,6 +37,11 @@ type Options struct {
 	MaxWaitForUnmount           time.Duration
 	Workers                     int
 	OtherWriterCheckPeriod      time.Duration
+	// CSIMigration is the CSI migration policy (migration.Policies).
+	CSIMigration string
+	// MaxWaitForUnmountDeletedNode is the wait on a node whose Node object
+	// is gone; nil: MaxWaitForUnmount.
+	MaxWaitForUnmountDeletedNode *time.Duration
 
 	ShowVersion bool
 }
@@ -60,6 +67,7 @@ func NewOptions() *Options {
 		MaxWaitForUnmount:      6 * time.Minute,
 		Workers:                10,
 		OtherWriterCheckPeriod: time.Minute,
+		CSIMigration:           migration.PolicyPerNode,
 	}
 }
 
@@ -80,9 +88,17 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Never detach a volume still mounted on an unhealthy node because the max wait for unmount passed (the out-of-service taint still forces it).")
 	fs.DurationVar(&o.MaxWaitForUnmount, "max-wait-for-unmount", o.MaxWaitForUnmount,
 		"How long a volume still mounted on an unhealthy (not Ready or deleted) node is waited for before it is detached anyway.")
+	fs.Var(&optionalDuration{d: &o.MaxWaitForUnmountDeletedNode}, "max-wait-for-unmount-deleted-node",
+		"How long a volume still mounted on a node whose Node object was deleted is waited for before it is detached anyway (0: at once). "+
+			"Default: the value of --max-wait-for-unmount. Lower it only where a deleted Node object means the machine is gone: "+
+			"a volume of a live machine whose Node object someone deleted would be detached while in use.")
 	fs.IntVar(&o.Workers, "workers", o.Workers, "Number of volume/node pairs reconciled at once (1-1000). Node statuses are written by one writer, one patch per node carrying all its changes.")
 	fs.DurationVar(&o.OtherWriterCheckPeriod, "other-writer-check-period", o.OtherWriterCheckPeriod,
 		"Period of the report (metric, log line) of another attach/detach controller (kube-controller-manager's) writing VolumeAttachments or node.status.volumesAttached beside this one, as the informers see its writes (at least 1s; 0 disables the watch).")
+	fs.StringVar(&o.CSIMigration, "csi-migration", o.CSIMigration,
+		"Who decides whether an in-tree volume (awsElasticBlockStore, gcePersistentDisk, ...) is attached through its CSI driver: "+
+			"\"per-node\": each node's CSINode, else its CSINodeInfo; a node that has said nothing yet makes the volume wait. "+
+			"\"completed\": as kube-controller-manager v1.36, the plugins whose migration upstream declares complete (all but portworx-volume) use CSI on every node without reading CSINode.")
 	fs.BoolVar(&o.ShowVersion, "version", false, "Print the version and exit.")
 }
 
@@ -101,8 +117,14 @@ func (o *Options) Validate(gate featuregate.FeatureGate) error {
 	if o.MaxWaitForUnmount <= 0 {
 		errs = append(errs, fmt.Errorf("--max-wait-for-unmount must be greater than 0, got %s", o.MaxWaitForUnmount))
 	}
+	if d := o.MaxWaitForUnmountDeletedNode; d != nil && *d < 0 {
+		errs = append(errs, fmt.Errorf("--max-wait-for-unmount-deleted-node must not be negative, got %s", *d))
+	}
 	if o.OtherWriterCheckPeriod != 0 && o.OtherWriterCheckPeriod < time.Second {
 		errs = append(errs, fmt.Errorf("--other-writer-check-period must be 0 or at least 1s, got %s", o.OtherWriterCheckPeriod))
+	}
+	if _, err := migration.CompletedMigrations(o.CSIMigration); err != nil {
+		errs = append(errs, fmt.Errorf("--csi-migration must be one of %s, got %q", strings.Join(migration.Policies(), ", "), o.CSIMigration))
 	}
 	if o.Workers < 1 || o.Workers > 1000 {
 		errs = append(errs, fmt.Errorf("--workers must be between 1 and 1000, got %d", o.Workers))
@@ -129,3 +151,27 @@ func (o *Options) Validate(gate featuregate.FeatureGate) error {
 	}
 	return errors.Join(errs...)
 }
+
+// optionalDuration is a duration flag whose default is "not set" (nil), so
+// that its default can follow another flag.
+type optionalDuration struct{ d **time.Duration }
+
+var _ pflag.Value = (*optionalDuration)(nil)
+
+func (o *optionalDuration) String() string {
+	if o.d == nil || *o.d == nil {
+		return ""
+	}
+	return (*o.d).String()
+}
+
+func (o *optionalDuration) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*o.d = &d
+	return nil
+}
+
+func (o *optionalDuration) Type() string { return "duration" }

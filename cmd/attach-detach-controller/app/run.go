@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -211,11 +210,11 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 	if err != nil {
 		return nil, fmt.Errorf("create dynamic client: %w", err)
 	}
-	installed, err := csiNodeInfoInstalled(client.Discovery())
+	completed, err := migration.CompletedMigrations(o.CSIMigration)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--csi-migration: %w", err)
 	}
-	logger.Info("CSINodeInfo support", "crdInstalled", installed)
+	logger.Info("CSI migration policy", "policy", o.CSIMigration, "migratedOnEveryNode", completed)
 	// Events have a client, and so a rate limiter, of their own: posting
 	// them must not slow attaches down.
 	eventClient, err := kubernetes.NewForConfig(rest.AddUserAgent(config, "attach-detach-controller-events"))
@@ -235,15 +234,16 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 		return nil, fmt.Errorf("register metrics: %w", err)
 	}
 	c, err := controller.New(controller.Config{
-		Client:               client,
-		Dynamic:              dyn,
-		CSINodeInfoInstalled: installed,
-		Recorder:             recorder,
-		Metrics:              m,
-		Registerer:           reg,
+		Client:              client,
+		Dynamic:             dyn,
+		CompletedMigrations: completed,
+		Recorder:            recorder,
+		Metrics:             m,
+		Registerer:          reg,
 		Reconciler: reconciler.Config{
-			MaxWaitForUnmount:           o.MaxWaitForUnmount,
-			DisableForceDetachOnTimeout: o.DisableForceDetachOnTimeout,
+			MaxWaitForUnmount:            o.MaxWaitForUnmount,
+			MaxWaitForUnmountDeletedNode: o.MaxWaitForUnmountDeletedNode,
+			DisableForceDetachOnTimeout:  o.DisableForceDetachOnTimeout,
 		},
 		InTree:        intree.Builtin(),
 		Observer:      observer,
@@ -269,24 +269,6 @@ func syncPeriod(o *Options) time.Duration {
 		return 0
 	}
 	return o.ReconcileSyncPeriod
-}
-
-// csiNodeInfoInstalled asks discovery whether the CSINodeInfo CRD is served.
-func csiNodeInfoInstalled(d discovery.DiscoveryInterface) (bool, error) {
-	gv := migration.CSINodeInfoGVR.GroupVersion().String()
-	list, err := d.ServerResourcesForGroupVersion(gv)
-	if err != nil {
-		if isNotFound(err) {
-			return false, nil
-		}
-		return false, fmt.Errorf("discover %s: %w", gv, err)
-	}
-	for _, r := range list.APIResources {
-		if r.Name == migration.CSINodeInfoGVR.Resource {
-			return true, nil
-		}
-	}
-	return false, nil
 }
 
 // runLeading runs the controller while holding the lease. On ctx

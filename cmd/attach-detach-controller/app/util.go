@@ -3,8 +3,6 @@ package app
 import (
 	"crypto/rand"
 	"encoding/hex"
-
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
 func randomSuffix() string {
@@ -12,5 +10,3 @@ func randomSuffix() string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
-
-func isNotFound(err error) bool { return apierrors.IsNotFound(err) }

@@ -31,8 +31,9 @@ type controller struct {
 }
 
 // startController runs the controller until the test ends (or stop) and
-// returns once it has rebuilt its state (/readyz answers 200).
-func startController(t *testing.T) *controller {
+// returns once it has rebuilt its state (/readyz answers 200). opts change
+// the options before the start.
+func startController(t *testing.T, opts ...func(*app.Options)) *controller {
 	t.Helper()
 	if crdErr != nil {
 		t.Fatalf("install CSINodeInfo CRD: %v", crdErr)
@@ -45,6 +46,9 @@ func startController(t *testing.T) *controller {
 	o.Kubeconfig = cluster.Kubeconfig
 	o.LeaderElection.LeaderElect = false
 	o.HTTPEndpoint = "127.0.0.1:" + strconv.Itoa(port)
+	for _, opt := range opts {
+		opt(o)
+	}
 
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)

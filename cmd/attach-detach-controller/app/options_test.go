@@ -1,0 +1,73 @@
+package app
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/component-base/featuregate"
+	logsapi "k8s.io/component-base/logs/api/v1"
+)
+
+// parse applies args to the defaults and validates them.
+func parse(t *testing.T, args ...string) (*Options, error) {
+	t.Helper()
+	o := NewOptions()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	gate := featuregate.NewFeatureGate()
+	if err := logsapi.AddFeatureGates(gate); err != nil {
+		t.Fatal(err)
+	}
+	return o, o.Validate(gate)
+}
+
+func TestPolicyFlags(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		check   func(*Options) bool
+		wantErr string
+	}{
+		{name: "defaults", check: func(o *Options) bool {
+			return o.CSIMigration == "per-node" && o.MaxWaitForUnmountDeletedNode == nil
+		}},
+		{name: "csi migration completed", args: []string{"--csi-migration=completed"},
+			check: func(o *Options) bool { return o.CSIMigration == "completed" }},
+		{name: "csi migration per-node", args: []string{"--csi-migration", "per-node"},
+			check: func(o *Options) bool { return o.CSIMigration == "per-node" }},
+		{name: "csi migration unknown", args: []string{"--csi-migration=upstream"},
+			wantErr: `--csi-migration must be one of per-node, completed, got "upstream"`},
+		{name: "csi migration empty", args: []string{"--csi-migration="},
+			wantErr: `--csi-migration must be one of per-node, completed, got ""`},
+		{name: "deleted-node wait 0", args: []string{"--max-wait-for-unmount-deleted-node=0s"},
+			check: func(o *Options) bool { return o.MaxWaitForUnmountDeletedNode != nil && *o.MaxWaitForUnmountDeletedNode == 0 }},
+		{name: "deleted-node wait 30s", args: []string{"--max-wait-for-unmount-deleted-node", "30s", "--max-wait-for-unmount=2m"},
+			check: func(o *Options) bool {
+				return *o.MaxWaitForUnmountDeletedNode == 30*time.Second && o.MaxWaitForUnmount == 2*time.Minute
+			}},
+		{name: "deleted-node wait negative", args: []string{"--max-wait-for-unmount-deleted-node=-1s"},
+			wantErr: "--max-wait-for-unmount-deleted-node must not be negative, got -1s"},
+		{name: "deleted-node wait not a duration", args: []string{"--max-wait-for-unmount-deleted-node=soon"},
+			wantErr: `invalid argument "soon" for "--max-wait-for-unmount-deleted-node" flag`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parse(t, tc.args...)
+			switch {
+			case tc.wantErr != "":
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Errorf("error = %v, want one containing %q", err, tc.wantErr)
+				}
+			case err != nil:
+				t.Errorf("unexpected error: %v", err)
+			case !tc.check(o):
+				t.Errorf("options not as expected: %+v", o)
+			}
+		})
+	}
+}

@@ -1,0 +1,134 @@
+package controller
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/intree"
+	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
+)
+
+// /explain says which mechanism attaches each volume of a pod and which
+// object or rule chose it.
+func TestExplainMechanism(t *testing.T) {
+	const migratedAnnotation = "storage.alpha.kubernetes.io/migrated-plugins"
+	ebs := func(id string) v1.Volume {
+		return v1.Volume{Name: id, VolumeSource: v1.VolumeSource{AWSElasticBlockStore: &v1.AWSElasticBlockStoreVolumeSource{VolumeID: id}}}
+	}
+	iscsi := v1.Volume{Name: "iscsi", VolumeSource: v1.VolumeSource{ISCSI: &v1.ISCSIVolumeSource{TargetPortal: "10.0.0.1:3260", IQN: "iqn.x"}}}
+	migrated := &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: "migrated", Annotations: map[string]string{migratedAnnotation: "kubernetes.io/aws-ebs"}},
+		Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: "ebs.csi.aws.com", NodeID: "i-1"}}}}
+
+	tests := []struct {
+		name      string
+		node      string
+		csiNodes  []*storagev1.CSINode
+		completed []string
+		volumes   []v1.Volume
+		want      map[string]Mechanism // by unique volume name
+	}{
+		{name: "migrated on the node", node: "migrated", csiNodes: []*storagev1.CSINode{migrated}, volumes: []v1.Volume{ebs("vol-1"), iscsi},
+			want: map[string]Mechanism{
+				"kubernetes.io/csi/ebs.csi.aws.com^vol-1": {Kind: "csi", CSIDriver: "ebs.csi.aws.com", InTreePlugin: "kubernetes.io/aws-ebs",
+					DecidedBy: "CSINode migrated (annotation storage.alpha.kubernetes.io/migrated-plugins, spec.drivers)"},
+				"kubernetes.io/iscsi/10.0.0.1:3260:iqn.x:0": {Kind: "in-tree", InTreePlugin: "kubernetes.io/iscsi",
+					DecidedBy: "never migrated: the plugin has no CSI driver"},
+			}},
+		{name: "completed-migration policy", node: "bare", completed: []string{"kubernetes.io/aws-ebs"}, volumes: []v1.Volume{ebs("vol-2")},
+			want: map[string]Mechanism{
+				"kubernetes.io/csi/ebs.csi.aws.com^vol-2": {Kind: "csi", CSIDriver: "ebs.csi.aws.com", InTreePlugin: "kubernetes.io/aws-ebs",
+					DecidedBy: "completed-migration policy: migrated on every node"},
+			}},
+		{name: "csi volume", node: "bare", volumes: []v1.Volume{{Name: "data", VolumeSource: v1.VolumeSource{
+			PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: "claim"}}}},
+			want: map[string]Mechanism{
+				"kubernetes.io/csi/d.example.com^h1": {Kind: "csi", CSIDriver: "d.example.com", DecidedBy: "PersistentVolume pv-1 (a CSI volume)"},
+			}},
+		{name: "undecided", node: "bare", volumes: []v1.Volume{ebs("vol-3")},
+			want: map[string]Mechanism{
+				"kubernetes.io/aws-ebs/vol-3": {InTreePlugin: "kubernetes.io/aws-ebs",
+					DecidedBy: "undecided: waiting for CSINode bare to decide whether in-tree plugin kubernetes.io/aws-ebs is migrated"},
+			}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, ctx := ktesting.NewTestContext(t)
+			client := fake.NewClientset()
+			inf := NewInformers(client, nil, false, nil)
+			c, err := New(Config{
+				Client: client, Informers: inf, Recorder: record.NewFakeRecorder(100), Metrics: metrics.New(),
+				Registerer: prometheus.NewRegistry(), CompletedMigrations: tc.completed,
+				InTree: intree.Builtin(), Workers: 1, StatusWorkers: 1,
+				RateLimiter: func() workqueue.TypedRateLimiter[cache.Key] {
+					return workqueue.NewTypedItemExponentialFailureRateLimiter[cache.Key](time.Millisecond, time.Second)
+				},
+				NodeRateLimiter: func() workqueue.TypedRateLimiter[string] {
+					return workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Millisecond, time.Second)
+				},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.shutdownQueues()
+			node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: tc.node, Annotations: map[string]string{managedAnnotation: "true"}}}
+			pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pod", Namespace: "ns", UID: "u1"},
+				Spec: v1.PodSpec{NodeName: tc.node, Volumes: tc.volumes}}
+			for _, add := range []func() error{
+				func() error { return inf.Nodes.GetIndexer().Add(node) },
+				func() error { return inf.Pods.GetIndexer().Add(pod) },
+			} {
+				if err := add(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pvc := &v1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "claim", Namespace: "ns", UID: "c1"},
+				Spec: v1.PersistentVolumeClaimSpec{VolumeName: "pv-1"}, Status: v1.PersistentVolumeClaimStatus{Phase: v1.ClaimBound}}
+			pv := &v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv-1"}, Spec: v1.PersistentVolumeSpec{
+				ClaimRef:               &v1.ObjectReference{Namespace: "ns", Name: "claim", UID: "c1"},
+				PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: "d.example.com", VolumeHandle: "h1"}}}}
+			if err := inf.PVCs.GetIndexer().Add(pvc); err != nil {
+				t.Fatal(err)
+			}
+			if err := inf.PVs.GetIndexer().Add(pv); err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range tc.csiNodes {
+				if err := inf.CSINodes.GetIndexer().Add(n); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := c.syncNode(ctx, tc.node); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.syncPod(ctx, "ns/pod"); err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]Mechanism{}
+			for _, e := range c.ExplainPod("ns/pod") {
+				if e.Mechanism == nil {
+					t.Errorf("%s: no mechanism explained", e.Volume)
+					continue
+				}
+				got[e.Volume] = *e.Mechanism
+			}
+			if len(got) != len(tc.want) {
+				t.Errorf("explained %v, want %v", got, tc.want)
+			}
+			for v, want := range tc.want {
+				if got[v] != want {
+					t.Errorf("%s: mechanism %+v, want %+v", v, got[v], want)
+				}
+			}
+		})
+	}
+}
