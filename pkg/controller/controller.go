@@ -47,8 +47,8 @@ type Config struct {
 	// running, so that a CRD installed or removed later is followed.
 	Dynamic                dynamic.Interface
 	CSINodeInfoCheckPeriod time.Duration
-	Recorder             record.EventRecorder
-	Metrics              *metrics.Metrics
+	Recorder               record.EventRecorder
+	Metrics                *metrics.Metrics
 	// Registerer receives the workqueue metrics and the state collector.
 	Registerer prometheus.Registerer
 	Reconciler reconciler.Config

@@ -120,7 +120,7 @@ func TestSafeToDetachDeletedNode(t *testing.T) {
 		{name: "ready and existing: never", node: cache.NodeInfo{Seen: true, Exists: true, Ready: true, InUse: inUse}, elapsed: time.Hour, cfg: wait(0),
 			wantWait: "still mounted on node node-1 (in node.status.volumesInUse); waiting for kubelet to unmount it"},
 		{name: "deleted, forced detach on timeout disabled", node: deleted, elapsed: time.Hour,
-			cfg: Config{MaxWaitForUnmount: 6 * time.Minute, MaxWaitForUnmountDeletedNode: new(time.Duration), DisableForceDetachOnTimeout: true},
+			cfg:      Config{MaxWaitForUnmount: 6 * time.Minute, MaxWaitForUnmountDeletedNode: new(time.Duration), DisableForceDetachOnTimeout: true},
 			wantWait: "still mounted on unhealthy node node-1 and forced detach on timeout is disabled"},
 		{name: "deleted, not mounted", node: cache.NodeInfo{Seen: true}, cfg: wait(time.Hour)},
 	}

@@ -45,7 +45,9 @@ func TestPolicyFlags(t *testing.T) {
 		{name: "csi migration empty", args: []string{"--csi-migration="},
 			wantErr: `--csi-migration must be one of per-node, completed, got ""`},
 		{name: "deleted-node wait 0", args: []string{"--max-wait-for-unmount-deleted-node=0s"},
-			check: func(o *Options) bool { return o.MaxWaitForUnmountDeletedNode != nil && *o.MaxWaitForUnmountDeletedNode == 0 }},
+			check: func(o *Options) bool {
+				return o.MaxWaitForUnmountDeletedNode != nil && *o.MaxWaitForUnmountDeletedNode == 0
+			}},
 		{name: "deleted-node wait 30s", args: []string{"--max-wait-for-unmount-deleted-node", "30s", "--max-wait-for-unmount=2m"},
 			check: func(o *Options) bool {
 				return *o.MaxWaitForUnmountDeletedNode == 30*time.Second && o.MaxWaitForUnmount == 2*time.Minute
