@@ -77,7 +77,9 @@ func kubeControllerManager() string {
 // reported, nothing else attached).
 //
 // CHAOS_DURATION (default 90s) is the length of the run; CHAOS_SEED replays
-// the schedule of churn and faults (timing still varies).
+// the schedule of churn and faults (timing still varies); CHAOS_FAULTS
+// (e.g. "cut-over,SIGKILL of the leader") limits the faults to the kinds
+// starting with those words.
 func TestChaos(t *testing.T) {
 	duration := 90 * time.Second
 	if d := os.Getenv("CHAOS_DURATION"); d != "" {
@@ -95,11 +97,23 @@ func TestChaos(t *testing.T) {
 	}
 	t.Logf("chaos run of %s, seed %d (CHAOS_SEED=%d replays its schedule)", duration, seed, seed)
 
+	kinds := faultKinds
+	if f := os.Getenv("CHAOS_FAULTS"); f != "" {
+		// A comma-separated subset of the fault kinds, for chasing one.
+		kinds = nil
+		for _, k := range strings.Split(f, ",") {
+			i := slices.IndexFunc(faultKinds, func(kind string) bool { return strings.HasPrefix(kind, strings.TrimSpace(k)) })
+			if i < 0 {
+				t.Fatalf("CHAOS_FAULTS: no fault kind starts with %q; kinds: %q", k, faultKinds)
+			}
+			kinds = append(kinds, faultKinds[i])
+		}
+	}
 	h := newHarness(t, rand.New(rand.NewSource(seed)))
 	deadline := time.Now().Add(duration)
 	for round := 1; time.Now().Before(deadline); round++ {
 		h.churn()
-		kind := faultKinds[h.rng.Intn(len(faultKinds))]
+		kind := kinds[h.rng.Intn(len(kinds))]
 		start := time.Now()
 		h.inject(kind)
 		h.converge(kind, round, start)

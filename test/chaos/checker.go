@@ -190,7 +190,7 @@ func (c *Checker) Violations() []string {
 // creator is the field manager that wrote the VolumeAttachment's spec.
 func creator(va *storagev1.VolumeAttachment) string {
 	for _, m := range va.ManagedFields {
-		if m.Subresource == "" && m.FieldsV1 != nil && strings.Contains(string(m.FieldsV1.Raw), `"f:spec"`) {
+		if m.Subresource == "" && m.FieldsV1 != nil && strings.Contains(m.FieldsV1.GetRawString(), `"f:spec"`) {
 			return m.Manager
 		}
 	}
