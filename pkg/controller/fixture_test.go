@@ -313,17 +313,17 @@ func (q *testQueue[T]) Get() (T, bool) {
 	return x, false
 }
 
-func (q *testQueue[T]) Done(T)                           {}
-func (q *testQueue[T]) ShutDown()                        {}
-func (q *testQueue[T]) ShutDownWithDrain()               {}
-func (q *testQueue[T]) ShuttingDown() bool               { return false }
-func (q *testQueue[T]) AddAfter(x T, d time.Duration)    { q.after[x] = d }
-func (q *testQueue[T]) AddRateLimited(x T)               { q.retries[x]++ }
-func (q *testQueue[T]) Forget(x T)                       { delete(q.retries, x) }
-func (q *testQueue[T]) NumRequeues(x T) int              { return q.retries[x] }
-func (q *testQueue[T]) pending() []T                     { return slices.Clone(q.items) }
-func (q *testQueue[T]) addedNames() []string             { return names(q.added) }
-func (q *testQueue[T]) retried() []string                { return names(q.retries) }
+func (q *testQueue[T]) Done(T)                        {}
+func (q *testQueue[T]) ShutDown()                     {}
+func (q *testQueue[T]) ShutDownWithDrain()            {}
+func (q *testQueue[T]) ShuttingDown() bool            { return false }
+func (q *testQueue[T]) AddAfter(x T, d time.Duration) { q.after[x] = d }
+func (q *testQueue[T]) AddRateLimited(x T)            { q.retries[x]++ }
+func (q *testQueue[T]) Forget(x T)                    { delete(q.retries, x) }
+func (q *testQueue[T]) NumRequeues(x T) int           { return q.retries[x] }
+func (q *testQueue[T]) pending() []T                  { return slices.Clone(q.items) }
+func (q *testQueue[T]) addedNames() []string          { return names(q.added) }
+func (q *testQueue[T]) retried() []string             { return names(q.retries) }
 func names[T comparable, V any](m map[T]V) (out []string) {
 	for x := range m {
 		out = append(out, fmt.Sprint(x))
