@@ -73,6 +73,9 @@ func TestSafetyOneNodeAtATimeForRWO(t *testing.T) {
 	for i := range volumes {
 		handle := fmt.Sprintf("vol-%d", i)
 		framework.Eventually(t, waitTimeout, func() (bool, error) {
+			if err := oneAtATime(); err != nil {
+				return false, err
+			}
 			for _, node := range []string{node1, node2} {
 				va, ok, err := e.getVA(framework.VolumeAttachmentName(handle, driver, node))
 				if err != nil {
@@ -88,6 +91,9 @@ func TestSafetyOneNodeAtATimeForRWO(t *testing.T) {
 		e.waitAttached(driver, handle, winners[i])
 		loser := podOn(i, otherNode(winners[i], node1, node2), node1)
 		framework.Eventually(t, waitTimeout, func() (bool, error) {
+			if err := oneAtATime(); err != nil {
+				return false, err
+			}
 			warnings, err := e.warnings(loser)
 			return slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, "Multi-Attach error") }), err
 		}, "pod %s told about the Multi-Attach error", loser)
@@ -100,7 +106,16 @@ func TestSafetyOneNodeAtATimeForRWO(t *testing.T) {
 		e.deletePod(podOn(i, winners[i], node1))
 	}
 	for i := range volumes {
-		e.waitAttached(driver, fmt.Sprintf("vol-%d", i), otherNode(winners[i], node1, node2))
+		handle := fmt.Sprintf("vol-%d", i)
+		node := otherNode(winners[i], node1, node2)
+		framework.Eventually(t, waitTimeout, func() (bool, error) {
+			if err := oneAtATime(); err != nil {
+				return false, err
+			}
+			va, ok, err := e.getVA(framework.VolumeAttachmentName(handle, driver, node))
+			return ok && va.Status.Attached, err
+		}, "volume %s moved to node %s", handle, node)
+		e.waitAttached(driver, handle, node)
 	}
 	if err := oneAtATime(); err != nil {
 		t.Fatal(err)
