@@ -8,6 +8,9 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
 const iscsiName = "kubernetes.io/iscsi/10.0.0.1:3260:iqn.2001-04.com.example:storage:0"
@@ -24,7 +27,9 @@ func TestSyncPod(t *testing.T) {
 		before []runtime.Object
 		// objects are the listers' content at the sync under test.
 		objects []runtime.Object
-		key     string
+		// attached are the handles attached to node-1 before the sync.
+		attached []string
+		key      string
 
 		wantDesired []string
 		// wantVolumes and wantStatus: keys queued for the reconciler and
@@ -158,6 +163,24 @@ func TestSyncPod(t *testing.T) {
 			wantEvents:  []string{`Warning VolumeKeptAttached volume "claim-a" stays attached as ` + csiName("h1")},
 		},
 		{
+			name: "claim deleted while the controller was down: the volume the pod had, still attached, stays wanted, " +
+				"with a VolumeKeptAttached warning",
+			objects:     []runtime.Object{node("node-1"), pod("pod-a", "node-1", "claim-a"), pvA},
+			attached:    []string{"h1"},
+			key:         "default/pod-a",
+			wantDesired: []string{csiName("h1") + "@node-1 default/pod-a(uid-pod-a) single=true"},
+			wantVolumes: []string{key("h1", "node-1")},
+			wantStatus:  []string{"node-1"},
+			wantEvents:  []string{`Warning VolumeKeptAttached volume "claim-a" stays attached as ` + csiName("h1")},
+		},
+		{
+			name:    "claim deleted while the controller was down, volume not attached: nothing kept",
+			objects: []runtime.Object{node("node-1"), pod("pod-a", "node-1", "claim-a"), pvA},
+			key:     "default/pod-a",
+			wantEvents: []string{`Warning FailedAttachVolume AttachVolume.Attach failed for volume "claim-a" : ` +
+				`PersistentVolumeClaim "default/claim-a" not found`},
+		},
+		{
 			name:   "pod re-created under the same name on another node: the new pod wants the volume there, the old node's is released",
 			before: []runtime.Object{node("node-1"), node("node-2"), pod("pod-a", "node-1", "claim-a"), claim("claim-a"), pvA},
 			objects: []runtime.Object{node("node-1"), node("node-2"), withPod(pod("pod-a", "node-2", "claim-a"), uid("uid-new")),
@@ -187,6 +210,12 @@ func TestSyncPod(t *testing.T) {
 				}
 				f.reset()
 				f.load(tc.objects...)
+			}
+			for _, h := range tc.attached {
+				f.c.actual.Update(cache.Key{Volume: volume.CSIName(driver, h), Node: "node-1"}, true, func(a *cache.Attachment) {
+					a.State = cache.Attached
+					a.Kind = volume.KindCSI
+				})
 			}
 			if err := f.c.syncPod(f.ctx, tc.key); err != nil {
 				t.Fatalf("syncPod: %v", err)
