@@ -10,6 +10,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
@@ -155,7 +156,15 @@ func TestSafetyOrphanAttachmentDetached(t *testing.T) {
 	kept := e.watchVA(wanted)
 	e.waitDetached(driver, "vol-at-start", node)
 
-	e.createAttachedVA(driver, "vol-later", later.Name, node)
+	// Mounted when it appears, so that it is surely attached before the
+	// controller may detach it; then unmounted.
+	laterName := framework.CSIVolumeName(driver, "vol-later")
+	e.setVolumesInUse(node, laterName)
+	if e.createAttachedVA(driver, "vol-later", later.Name, node) == nil {
+		t.Fatal("the mounted orphan was deleted")
+	}
+	e.waitListed(node, laterName)
+	e.setVolumesInUse(node)
 	e.waitDetached(driver, "vol-later", node)
 	if err := kept.intact(); err != nil {
 		t.Errorf("the volume a pod wants: %v", err)
@@ -187,7 +196,8 @@ func TestSafetyOrphanInUseKept(t *testing.T) {
 }
 
 // createAttachedVA creates a VolumeAttachment as another controller would
-// have, marked attached as the external-attacher would.
+// have, marked attached as the external-attacher would; nil if it was
+// deleted before that.
 func (e *env) createAttachedVA(driver, handle, pvName, node string) *storagev1.VolumeAttachment {
 	e.t.Helper()
 	va := &storagev1.VolumeAttachment{
@@ -204,6 +214,12 @@ func (e *env) createAttachedVA(driver, handle, pvName, node string) *storagev1.V
 	}
 	created, err = e.client.StorageV1().VolumeAttachments().Patch(e.ctx, created.Name, types.MergePatchType,
 		[]byte(`{"status":{"attached":true}}`), metav1.PatchOptions{}, "status")
+	if apierrors.IsNotFound(err) {
+		// A running controller may delete it before it is marked attached
+		// (an unwanted attach in progress): already detached.
+		e.t.Logf("VolumeAttachment %s deleted before it was marked attached", va.Name)
+		return nil
+	}
 	if err != nil {
 		e.t.Fatalf("mark VolumeAttachment attached: %v", err)
 	}
