@@ -3,237 +3,490 @@ package integration
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/kube-attach/attach-detach-controller/cmd/attach-detach-controller/app"
 	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
-// The safety rules, each against the real kube-apiserver, as a user meets
-// them: a ReadWriteOnce volume on one node at a time however pods arrive, an
-// orphan VolumeAttachment detached, a detach that completes at once waking
-// the pod waiting for it, [RWO, ROX] volumes shared, a live pod's volume
-// kept when its claim goes.
+// The safety guarantees of the README, each against the real API server:
+// one node at a time for a single-node volume, orphans detached, a waiting
+// pod woken by however the other node's detach completes, the PV's access
+// modes deciding multi-attach, and a live pod keeping its volume.
 
-// nodesOfVAs watches the VolumeAttachments of a PV and records, at every
-// event, the nodes holding one (in any state).
-type nodesOfVAs struct {
-	mu   sync.Mutex
-	most int
-	seen map[string]string // VA name -> node
-	w    watch.Interface
-}
-
-func (e *env) watchNodesOf(pv string) *nodesOfVAs {
-	e.t.Helper()
-	w, err := e.client.StorageV1().VolumeAttachments().Watch(e.ctx, metav1.ListOptions{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	n := &nodesOfVAs{seen: map[string]string{}, w: w}
-	go func() {
-		for ev := range w.ResultChan() {
-			va, ok := ev.Object.(*storagev1.VolumeAttachment)
-			if !ok || va.Spec.Source.PersistentVolumeName == nil || *va.Spec.Source.PersistentVolumeName != pv {
-				continue
-			}
-			n.mu.Lock()
-			if ev.Type == watch.Deleted {
-				delete(n.seen, va.Name)
-			} else {
-				n.seen[va.Name] = va.Spec.NodeName
-			}
-			var nodes []string
-			for _, node := range n.seen {
-				if !slices.Contains(nodes, node) {
-					nodes = append(nodes, node)
-				}
-			}
-			n.most = max(n.most, len(nodes))
-			n.mu.Unlock()
-		}
-	}()
-	e.t.Cleanup(w.Stop)
-	return n
-}
-
-func (n *nodesOfVAs) maxNodes() int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.most
-}
-
-// Defect 1: pods on two nodes sharing a ReadWriteOnce claim, created
-// together, with many workers: one VolumeAttachment exists at a time.
-func TestSafetySingleNodeAttachIsExclusive(t *testing.T) {
-	e := newEnv(t, "exclusive")
+// Pods on two nodes that share a ReadWriteOnce claim, created at the same
+// moment, never get the volume attached to both: not one instant with two
+// VolumeAttachments for it, however many workers run. The pod that loses is
+// told, and gets the volume once the winner's pod is gone.
+func TestSafetyOneNodeAtATimeForRWO(t *testing.T) {
+	const volumes = 4
+	e := newEnv(t, "safe-rwo")
 	driver := e.name("csi.test")
-	var nodes []string
-	for i := range 4 {
-		nodes = append(nodes, e.createNode(fmt.Sprintf("node-%d", i), true))
+	node1 := e.createNode("node-1", true)
+	node2 := e.createNode("node-2", true)
+	var watches []*attachmentWatch
+	for i := range volumes {
+		pv := e.createCSIClaim(fmt.Sprintf("claim-%d", i), driver, fmt.Sprintf("vol-%d", i), v1.ReadWriteOnce)
+		watches = append(watches, e.watchAttachmentsOf(pv.Name))
 	}
-	pv := e.createCSIClaim("claim", driver, "vol-1", v1.ReadWriteOnce)
-	watched := e.watchNodesOf(pv.Name)
 	e.startAttacher(driver, "")
-	e.startController(func(o *app.Options) { o.Workers = 16 })
-	for i, node := range nodes {
-		e.createPod(fmt.Sprintf("pod-%d", i), node, "claim")
+	e.startController(func(o *app.Options) { o.Workers = 20 })
+
+	// Both pods of each claim at once, from two goroutines.
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*volumes)
+	for i := range volumes {
+		for _, node := range []string{node1, node2} {
+			wg.Go(func() {
+				_, err := framework.CreatePod(e.ctx, e.client, e.ns, podOn(i, node, node1), node, fmt.Sprintf("claim-%d", i))
+				errs <- err
+			})
+		}
 	}
-	framework.Eventually(t, 30*time.Second, func() (bool, error) {
-		vas, err := e.client.StorageV1().VolumeAttachments().List(e.ctx, metav1.ListOptions{})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
 		if err != nil {
-			return false, err
-		}
-		attached := 0
-		for _, va := range vas.Items {
-			if p := va.Spec.Source.PersistentVolumeName; p != nil && *p == pv.Name && va.Status.Attached {
-				attached++
-			}
-		}
-		return attached == 1, nil
-	}, "the volume attached to one node")
-	framework.Consistently(t, quietPeriod, func() error {
-		if n := watched.maxNodes(); n > 1 {
-			return fmt.Errorf("VolumeAttachments of %s on %d nodes at once", pv.Name, n)
-		}
-		return nil
-	}, "one node at a time")
-}
-
-// Defect 2: a VolumeAttachment that no pod wants, on a managed node that
-// has not mounted it, is detached, whether it exists at start or appears
-// later.
-func TestSafetyOrphanAttachmentsAreDetached(t *testing.T) {
-	e := newEnv(t, "orphan")
-	driver := e.name("csi.test")
-	node := e.createNode("node-1", true)
-	before := e.createCSIClaim("before", driver, "vol-before")
-	later := e.createCSIClaim("later", driver, "vol-later")
-	e.startAttacher(driver, "")
-	orphan := func(pv *v1.PersistentVolume, handle string) {
-		va := &storagev1.VolumeAttachment{
-			ObjectMeta: metav1.ObjectMeta{Name: framework.VolumeAttachmentName(handle, driver, node)},
-			Spec: storagev1.VolumeAttachmentSpec{Attacher: driver, NodeName: node,
-				Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pv.Name}},
-		}
-		if _, err := e.client.StorageV1().VolumeAttachments().Create(e.ctx, va, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		framework.Eventually(t, waitTimeout, func() (bool, error) {
-			got, ok, err := e.getVA(va.Name)
-			return ok && got.Status.Attached, err
-		}, "the attacher attaches the orphan %s", va.Name)
 	}
-	orphan(before, "vol-before")
-	e.startController(nil)
-	e.waitDetached(driver, "vol-before", node)
-	orphan(later, "vol-later")
-	e.waitDetached(driver, "vol-later", node)
+
+	oneAtATime := func() error {
+		for _, w := range watches {
+			if err := w.violations(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	winners := make([]string, volumes)
+	for i := range volumes {
+		handle := fmt.Sprintf("vol-%d", i)
+		framework.Eventually(t, waitTimeout, func() (bool, error) {
+			if err := oneAtATime(); err != nil {
+				return false, err
+			}
+			for _, node := range []string{node1, node2} {
+				va, ok, err := e.getVA(framework.VolumeAttachmentName(handle, driver, node))
+				if err != nil {
+					return false, err
+				}
+				if ok && va.Status.Attached {
+					winners[i] = node
+					return true, nil
+				}
+			}
+			return false, nil
+		}, "volume %s attached to one of the nodes", handle)
+		e.waitAttached(driver, handle, winners[i])
+		loser := podOn(i, otherNode(winners[i], node1, node2), node1)
+		framework.Eventually(t, waitTimeout, func() (bool, error) {
+			if err := oneAtATime(); err != nil {
+				return false, err
+			}
+			warnings, err := e.warnings(loser)
+			return slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, "Multi-Attach error") }), err
+		}, "pod %s told about the Multi-Attach error", loser)
+	}
+	framework.Consistently(t, quietPeriod, oneAtATime, "one VolumeAttachment at most per ReadWriteOnce volume")
+
+	// The winners' pods go (their volumes were never mounted): each volume
+	// moves to the other node, still never on two at once.
+	for i := range volumes {
+		e.deletePod(podOn(i, winners[i], node1))
+	}
+	for i := range volumes {
+		handle := fmt.Sprintf("vol-%d", i)
+		node := otherNode(winners[i], node1, node2)
+		framework.Eventually(t, waitTimeout, func() (bool, error) {
+			if err := oneAtATime(); err != nil {
+				return false, err
+			}
+			va, ok, err := e.getVA(framework.VolumeAttachmentName(handle, driver, node))
+			return ok && va.Status.Attached, err
+		}, "volume %s moved to node %s", handle, node)
+		e.waitAttached(driver, handle, node)
+	}
+	if err := oneAtATime(); err != nil {
+		t.Fatal(err)
+	}
 }
 
-// Defect 3: a detach that completes inside the call (its VolumeAttachment
-// already gone) wakes the pod that waits for the volume on another node.
-func TestSafetyInstantDetachWakesTheWaitingPod(t *testing.T) {
-	e := newEnv(t, "instant")
+func podOn(i int, node, node1 string) string {
+	if node == node1 {
+		return fmt.Sprintf("pod-%d-a", i)
+	}
+	return fmt.Sprintf("pod-%d-b", i)
+}
+
+func otherNode(node, node1, node2 string) string {
+	if node == node1 {
+		return node2
+	}
+	return node1
+}
+
+// An orphan VolumeAttachment (attached, on a managed node, wanted by no
+// pod, not mounted) is detached, whether it exists when the controller
+// starts or appears while it runs. A VolumeAttachment a pod wants is kept.
+func TestSafetyOrphanAttachmentDetached(t *testing.T) {
+	e := newEnv(t, "safe-orphan")
+	driver := e.name("csi.test")
+	node := e.createNode("node", true)
+	atStart := e.createCSIClaim("at-start", driver, "vol-at-start")
+	later := e.createCSIClaim("later", driver, "vol-later")
+	e.createCSIClaim("wanted", driver, "vol-wanted")
+	e.startAttacher(driver, "")
+	e.createPod("pod", node, "wanted")
+	e.createAttachedVA(driver, "vol-at-start", atStart.Name, node)
+
+	e.startController(nil)
+	wanted := e.waitAttached(driver, "vol-wanted", node)
+	kept := e.watchVA(wanted)
+	e.waitDetached(driver, "vol-at-start", node)
+
+	// Mounted when it appears, so that it is surely attached before the
+	// controller may detach it; then unmounted.
+	laterName := framework.CSIVolumeName(driver, "vol-later")
+	e.setVolumesInUse(node, laterName)
+	if e.createAttachedVA(driver, "vol-later", later.Name, node) == nil {
+		t.Fatal("the mounted orphan was deleted")
+	}
+	e.waitListed(node, laterName)
+	e.setVolumesInUse(node)
+	e.waitDetached(driver, "vol-later", node)
+	if err := kept.intact(); err != nil {
+		t.Errorf("the volume a pod wants: %v", err)
+	}
+}
+
+// An orphan VolumeAttachment whose volume the node reports in use is not
+// detached while the node is Ready; once unmounted, it is.
+func TestSafetyOrphanInUseKept(t *testing.T) {
+	e := newEnv(t, "safe-orphan-inuse")
+	driver := e.name("csi.test")
+	node := e.createNode("node", true)
+	pv := e.createCSIClaim("claim", driver, "vol-1")
+	e.startAttacher(driver, "")
+	e.setVolumesInUse(node, framework.CSIVolumeName(driver, "vol-1"))
+	va := e.createAttachedVA(driver, "vol-1", pv.Name, node)
+	vw := e.watchVA(va)
+
+	e.startController(nil)
+	// The controller has read the VolumeAttachment once it reports it.
+	framework.Eventually(t, waitTimeout, func() (bool, error) {
+		_, listed, err := e.attachedInStatus(node, framework.CSIVolumeName(driver, "vol-1"))
+		return listed, err
+	}, "the recovered attachment listed in node status")
+	framework.Consistently(t, quietPeriod, vw.intact, "the mounted orphan to stay attached")
+
+	e.setVolumesInUse(node)
+	e.waitDetached(driver, "vol-1", node)
+}
+
+// createAttachedVA creates a VolumeAttachment as another controller would
+// have, marked attached as the external-attacher would; nil if it was
+// deleted before that.
+func (e *env) createAttachedVA(driver, handle, pvName, node string) *storagev1.VolumeAttachment {
+	e.t.Helper()
+	va := &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: framework.VolumeAttachmentName(handle, driver, node)},
+		Spec: storagev1.VolumeAttachmentSpec{
+			Attacher: driver,
+			NodeName: node,
+			Source:   storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName},
+		},
+	}
+	created, err := e.client.StorageV1().VolumeAttachments().Create(e.ctx, va, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("create VolumeAttachment: %v", err)
+	}
+	created, err = e.client.StorageV1().VolumeAttachments().Patch(e.ctx, created.Name, types.MergePatchType,
+		[]byte(`{"status":{"attached":true}}`), metav1.PatchOptions{}, "status")
+	if apierrors.IsNotFound(err) {
+		// A running controller may delete it before it is marked attached
+		// (an unwanted attach in progress): already detached.
+		e.t.Logf("VolumeAttachment %s deleted before it was marked attached", va.Name)
+		return nil
+	}
+	if err != nil {
+		e.t.Fatalf("mark VolumeAttachment attached: %v", err)
+	}
+	return created
+}
+
+// A detach that completes at once (the in-tree iSCSI attacher only records
+// it) wakes the pod waiting for the volume on another node: it is attached
+// there with no restart and no periodic sync.
+func TestSafetyInstantDetachWakesWaitingPod(t *testing.T) {
+	e := newEnv(t, "safe-wake")
+	node1 := e.createNode("node-1", true)
+	node2 := e.createNode("node-2", true)
+	iqn := "iqn.2001-04.com.example:" + e.prefix
+	name := "kubernetes.io/iscsi/10.0.0.1:3260:" + iqn + ":0"
+	e.createClaim("claim", v1.PersistentVolumeSource{ISCSI: &v1.ISCSIPersistentVolumeSource{
+		TargetPortal: "10.0.0.1:3260", IQN: iqn, Lun: 0}}, v1.ReadWriteOnce)
+	// The periodic sync is far beyond the test's deadlines.
+	e.startController(func(o *app.Options) { o.ReconcileSyncPeriod = time.Hour })
+
+	e.setVolumesInUse(node1, name)
+	e.createPod("pod-a", node1, "claim")
+	e.waitListed(node1, name)
+	e.createPod("pod-b", node2, "claim")
+	framework.Eventually(t, waitTimeout, func() (bool, error) {
+		warnings, err := e.warnings("pod-b")
+		return slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, "Multi-Attach error") }), err
+	}, "pod-b told about the Multi-Attach error")
+
+	e.deletePod("pod-a")
+	framework.Consistently(t, quietPeriod, func() error {
+		if _, listed, err := e.attachedInStatus(node2, name); err != nil || listed {
+			return fmt.Errorf("attached to node-2 while still mounted on node-1 (err %v)", err)
+		}
+		return nil
+	}, "the volume to stay on node-1 while mounted there")
+	e.setVolumesInUse(node1)
+	e.waitListed(node2, name)
+	if _, listed, err := e.attachedInStatus(node1, name); err != nil || listed {
+		t.Errorf("node-1 status still lists %s (err %v)", name, err)
+	}
+}
+
+// A CSI detach whose VolumeAttachment is deleted by someone else while the
+// controller detaches it also wakes the waiting pod.
+func TestSafetyDetachOfVanishedAttachmentWakesWaitingPod(t *testing.T) {
+	e := newEnv(t, "safe-wake-csi")
 	driver := e.name("csi.test")
 	node1 := e.createNode("node-1", true)
 	node2 := e.createNode("node-2", true)
 	e.createCSIClaim("claim", driver, "vol-1", v1.ReadWriteOnce)
 	e.startAttacher(driver, "")
-	e.startController(nil)
-	e.setVolumesInUse(node1, framework.CSIVolumeName(driver, "vol-1"))
-	e.createPod("pod-a", node1, "claim")
-	e.waitAttached(driver, "vol-1", node1)
-	e.createPod("pod-b", node2, "claim")
-	e.waitReason("pod-b", v1.EventTypeWarning, "FailedAttachVolume")
+	e.startController(func(o *app.Options) { o.ReconcileSyncPeriod = time.Hour })
 
-	// Someone deletes the VolumeAttachment on node 1 while the volume is
-	// still mounted; then pod-a goes and the node unmounts. The detach the
-	// controller then starts finds nothing to delete: it completes at once.
-	va := framework.VolumeAttachmentName("vol-1", driver, node1)
-	if err := e.client.StorageV1().VolumeAttachments().Delete(e.ctx, va, metav1.DeleteOptions{}); err != nil {
+	e.createPod("pod-a", node1, "claim")
+	va := e.waitAttached(driver, "vol-1", node1)
+	e.createPod("pod-b", node2, "claim")
+	framework.Eventually(t, waitTimeout, func() (bool, error) {
+		warnings, err := e.warnings("pod-b")
+		return slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, "Multi-Attach error") }), err
+	}, "pod-b told about the Multi-Attach error")
+
+	e.deletePod("pod-a")
+	if err := ignoreNotFound(e.client.StorageV1().VolumeAttachments().Delete(e.ctx, va.Name, metav1.DeleteOptions{})); err != nil {
 		t.Fatal(err)
 	}
-	e.deletePod("pod-a")
-	e.setVolumesInUse(node1)
 	e.waitAttached(driver, "vol-1", node2)
 }
 
-// Defect 4: a PV that lists ReadOnlyMany beside ReadWriteOnce is attached
-// to every node that wants it, as upstream's IsMultiAttachAllowed says.
-func TestSafetyReadOnlyManyIsMultiAttach(t *testing.T) {
-	e := newEnv(t, "rox")
+// waitListed waits until node.status.volumesAttached lists volume.
+func (e *env) waitListed(node, volume string) {
+	e.t.Helper()
+	framework.Eventually(e.t, waitTimeout, func() (bool, error) {
+		_, listed, err := e.attachedInStatus(node, volume)
+		return listed, err
+	}, "node %s status lists %s", node, volume)
+}
+
+// A PV listing ReadWriteOnce and ReadOnlyMany may attach to many nodes, as
+// upstream reads the PV's modes: both pods get it, neither is warned.
+func TestSafetyReadOnlyManyPVOnTwoNodes(t *testing.T) {
+	e := newEnv(t, "safe-rox")
 	driver := e.name("csi.test")
 	node1 := e.createNode("node-1", true)
 	node2 := e.createNode("node-2", true)
 	e.createCSIClaim("claim", driver, "vol-1", v1.ReadWriteOnce, v1.ReadOnlyMany)
 	e.startAttacher(driver, "")
 	e.startController(nil)
+
 	e.createPod("pod-a", node1, "claim")
 	e.createPod("pod-b", node2, "claim")
 	e.waitAttached(driver, "vol-1", node1)
 	e.waitAttached(driver, "vol-1", node2)
 	for _, pod := range []string{"pod-a", "pod-b"} {
-		if w, err := e.warnings(pod); err != nil || len(w) != 0 {
-			t.Errorf("pod %s: warnings %q (%v), want none", pod, w, err)
+		warnings, err := e.warnings(pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(warnings) != 0 {
+			t.Errorf("pod %s: unexpected warnings %q", pod, warnings)
 		}
 	}
 }
 
-// Defect 5: a live pod whose claim is deleted keeps its volume, with a
-// warning, even on a NotReady node past the max wait for unmount; once the
-// pod has terminated (deleted, containers stopped) the volume is released.
-func TestSafetyLivePodKeepsItsVolume(t *testing.T) {
-	e := newEnv(t, "livepod")
+// A live pod whose claim is force-deleted keeps its volume attached, with a
+// VolumeKeptAttached warning, even on a NotReady node long past the max wait
+// for unmount, and even though nothing reports it mounted.
+func TestSafetyLivePodKeepsVolumeWhenClaimDeleted(t *testing.T) {
+	const maxWait = 2 * time.Second
+	e := newEnv(t, "safe-keep")
 	driver := e.name("csi.test")
-	node := e.createNode("node-1", true)
-	e.createCSIClaim("claim", driver, "vol-1", v1.ReadWriteOnce)
+	node := e.createNode("node", true)
+	e.createCSIClaim("claim", driver, "vol-1")
 	e.startAttacher(driver, "")
-	e.startController(func(o *app.Options) { o.MaxWaitForUnmount = 2 * time.Second })
-	e.setVolumesInUse(node, framework.CSIVolumeName(driver, "vol-1"))
-	pod := e.createPod("pod-a", node, "claim")
+	e.startController(func(o *app.Options) { o.MaxWaitForUnmount = maxWait })
+
+	e.createPod("pod", node, "claim")
 	va := e.waitAttached(driver, "vol-1", node)
-	kept := e.watchVA(va)
-	defer kept.close()
-
-	if err := e.client.CoreV1().PersistentVolumeClaims(e.ns).Delete(e.ctx, "claim", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	vw := e.watchVA(va)
 	e.setNodeReady(node, false)
-	e.waitReason("pod-a", v1.EventTypeWarning, "VolumeKeptAttached")
-	framework.Consistently(t, 3*quietPeriod, kept.intact, "the live pod's volume stays attached past the max wait")
+	if err := e.client.CoreV1().PersistentVolumeClaims(e.ns).Delete(e.ctx, "claim", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, waitTimeout, func() (bool, error) {
+		events, err := e.podEvents("pod")
+		return slices.ContainsFunc(events, func(ev v1.Event) bool {
+			return ev.Type == v1.EventTypeWarning && ev.Reason == "VolumeKeptAttached" &&
+				strings.Contains(ev.Message, framework.CSIVolumeName(driver, "vol-1"))
+		}), err
+	}, "VolumeKeptAttached warning on the pod")
+	framework.Consistently(t, 3*maxWait, vw.intact, "the live pod's volume to stay attached (three times the max wait for unmount)")
+	if _, listed, err := e.attachedInStatus(node, framework.CSIVolumeName(driver, "vol-1")); err != nil || !listed {
+		t.Errorf("node status no longer lists the live pod's volume (err %v)", err)
+	}
 
-	// The pod terminates: deleted, its containers stopped.
-	p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, pod.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Status.ContainerStatuses = []v1.ContainerStatus{{Name: "c", State: v1.ContainerState{Terminated: &v1.ContainerStateTerminated{}}}}
-	if _, err := e.client.CoreV1().Pods(e.ns).UpdateStatus(e.ctx, p, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	// The pod goes: now its volume may go.
+	e.deletePod("pod")
 	e.waitDetached(driver, "vol-1", node)
 }
 
-// waitReason waits for an event of that type and reason on the pod,
-// whatever its message.
-func (e *env) waitReason(pod, eventType, reason string) {
+// A pod being deleted keeps its volume while a container runs, and releases
+// it once all its containers have stopped, before the pod object is gone.
+func TestSafetyDeletingPodReleasesVolumeWhenContainersStop(t *testing.T) {
+	e := newEnv(t, "safe-deleting")
+	driver := e.name("csi.test")
+	node := e.createNode("node", true)
+	e.createCSIClaim("claim", driver, "vol-1")
+	e.startAttacher(driver, "")
+	e.startController(nil)
+
+	e.createPod("pod", node, "claim")
+	va := e.waitAttached(driver, "vol-1", node)
+	e.setContainerState("pod", v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: metav1.Now()}})
+	vw := e.watchVA(va)
+	// A graceful delete: with no kubelet to finish it, the pod stays, being
+	// deleted.
+	if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "pod", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	framework.Consistently(t, quietPeriod, vw.intact, "the volume to stay attached while a container of the deleted pod runs")
+
+	now := metav1.Now()
+	e.setContainerState("pod", v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 0, StartedAt: now, FinishedAt: now}})
+	e.waitDetached(driver, "vol-1", node)
+	if p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, "pod", metav1.GetOptions{}); err != nil || p.DeletionTimestamp == nil {
+		t.Errorf("the pod should still exist, being deleted: %v, err %v", p, err)
+	}
+}
+
+// setContainerState writes the state of the pod's one container, as its
+// kubelet would.
+func (e *env) setContainerState(pod string, state v1.ContainerState) {
 	e.t.Helper()
-	framework.Eventually(e.t, waitTimeout, func() (bool, error) {
-		events, err := e.podEvents(pod)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, pod, metav1.GetOptions{})
 		if err != nil {
-			return false, err
+			return err
 		}
-		return slices.ContainsFunc(events, func(ev v1.Event) bool { return ev.Type == eventType && ev.Reason == reason }), nil
-	}, "event %s %s on pod %s", eventType, reason, pod)
+		// Still Running with its container stopped: a deleted pod's phase
+		// is the last thing its kubelet writes.
+		p.Status.Phase = v1.PodRunning
+		c := p.Spec.Containers[0]
+		p.Status.ContainerStatuses = []v1.ContainerStatus{{
+			Name: c.Name, Image: c.Image, ImageID: "docker-pullable://" + c.Image, State: state,
+			Ready: state.Running != nil, Started: new(state.Running != nil),
+		}}
+		_, err = e.client.CoreV1().Pods(e.ns).UpdateStatus(e.ctx, p, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		e.t.Fatalf("set container state of pod %s: %v", pod, err)
+	}
+}
+
+// attachmentWatch records, from the moment it starts, every
+// VolumeAttachment of one PV, and every moment two of them existed at once
+// (one being deleted counts: it may still be attached).
+type attachmentWatch struct {
+	pv   string
+	mu   sync.Mutex
+	live map[string]string // name -> node
+	bad  []string
+	stop func()
+	done chan struct{}
+}
+
+func (e *env) watchAttachmentsOf(pv string) *attachmentWatch {
+	e.t.Helper()
+	list, err := e.client.StorageV1().VolumeAttachments().List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	w, err := e.client.StorageV1().VolumeAttachments().Watch(e.ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	aw := &attachmentWatch{pv: pv, live: map[string]string{}, stop: w.Stop, done: make(chan struct{})}
+	for i := range list.Items {
+		aw.observe(watch.Added, &list.Items[i])
+	}
+	go func() {
+		defer close(aw.done)
+		for ev := range w.ResultChan() {
+			va, ok := ev.Object.(*storagev1.VolumeAttachment)
+			if !ok {
+				aw.mu.Lock()
+				aw.bad = append(aw.bad, fmt.Sprintf("watch ended: %v", ev.Object))
+				aw.mu.Unlock()
+				continue
+			}
+			aw.observe(ev.Type, va)
+		}
+	}()
+	e.t.Cleanup(func() {
+		aw.stop()
+		<-aw.done
+	})
+	return aw
+}
+
+func (aw *attachmentWatch) observe(typ watch.EventType, va *storagev1.VolumeAttachment) {
+	if src := va.Spec.Source.PersistentVolumeName; src == nil || *src != aw.pv {
+		return
+	}
+	aw.mu.Lock()
+	defer aw.mu.Unlock()
+	if typ == watch.Deleted {
+		delete(aw.live, va.Name)
+		return
+	}
+	aw.live[va.Name] = va.Spec.NodeName
+	if len(aw.live) > 1 {
+		var nodes []string
+		for _, n := range aw.live {
+			nodes = append(nodes, n)
+		}
+		slices.Sort(nodes)
+		aw.bad = append(aw.bad, fmt.Sprintf("PV %s had VolumeAttachments on %v at resourceVersion %s", aw.pv, nodes, va.ResourceVersion))
+	}
+}
+
+// violations is an error naming every moment two VolumeAttachments existed.
+func (aw *attachmentWatch) violations() error {
+	aw.mu.Lock()
+	defer aw.mu.Unlock()
+	if len(aw.bad) > 0 {
+		return fmt.Errorf("%s", strings.Join(aw.bad, "; "))
+	}
+	return nil
 }
