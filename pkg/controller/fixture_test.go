@@ -244,7 +244,7 @@ func (f *fixture) writes() []string {
 	for _, a := range f.client.Actions() {
 		var name string
 		switch a := a.(type) {
-		case k8stesting.CreateAction:
+		case k8stesting.CreateAction: // updates too: same methods
 			if o, ok := a.GetObject().(metav1.Object); ok {
 				name = o.GetName()
 			}
@@ -252,10 +252,6 @@ func (f *fixture) writes() []string {
 			name = a.GetName()
 		case k8stesting.PatchAction:
 			name = a.GetName()
-		case k8stesting.UpdateAction:
-			if o, ok := a.GetObject().(metav1.Object); ok {
-				name = o.GetName()
-			}
 		default:
 			continue
 		}
@@ -323,7 +319,6 @@ func (q *testQueue[T]) Forget(x T)                    { delete(q.retries, x) }
 func (q *testQueue[T]) NumRequeues(x T) int           { return q.retries[x] }
 func (q *testQueue[T]) pending() []T                  { return slices.Clone(q.items) }
 func (q *testQueue[T]) addedNames() []string          { return names(q.added) }
-func (q *testQueue[T]) retried() []string             { return names(q.retries) }
 func names[T comparable, V any](m map[T]V) (out []string) {
 	for x := range m {
 		out = append(out, fmt.Sprint(x))
