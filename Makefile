@@ -1,7 +1,8 @@
 # attach-detach-controller
 #
 #   make demo         run the controller's job on an embedded local cluster
-#   make test         unit + integration tests against a real kube-apiserver
+#   make test         unit tests, simulation, integration tests against a real
+#                     kube-apiserver, end-to-end and a short chaos run
 #   make verify       gofmt, go vet, staticcheck
 
 SHELL := /usr/bin/env bash
@@ -21,7 +22,7 @@ E2E_TOOLS := etcd kube-apiserver csi-attacher csi-mock-driver
 # manifests/, as `kubectl kustomize` would), and the e2e stack.
 TOOLS := $(E2E_TOOLS) kube-controller-manager kustomize
 
-.PHONY: all build tools test-binaries test test-unit test-sim test-integration test-e2e demo bench verify image clean
+.PHONY: all build tools test-binaries test test-unit test-sim test-integration test-e2e test-chaos chaos demo bench verify image clean
 
 all: build
 
@@ -34,7 +35,7 @@ tools:
 	hack/build-tools.sh $(TOOLS)
 	hack/install-promtool.sh
 
-test: test-unit test-sim test-integration test-e2e
+test: test-unit test-sim test-integration test-e2e test-chaos
 
 test-unit:
 	$(GO_TEST) $(TEST_FLAGS) -race ./pkg/... ./cmd/...
@@ -54,13 +55,26 @@ test-binaries: build
 	go build -o $(BIN_DIR)/kubeletsim ./test/kubeletsim
 
 test-integration: tools test-binaries
-	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 20m $$(go list ./test/... | grep -v -e /test/e2e -e /test/sim)
+	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 20m $$(go list ./test/... | grep -v -e /test/e2e -e /test/sim -e /test/chaos)
 
 # The controller binary with the real CSI external-attacher, a CSI mock driver
 # and simulated kubelets.
 test-e2e: test-binaries
 	hack/build-tools.sh $(E2E_TOOLS)
 	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 10m ./test/e2e/...
+
+# Churn and faults on the real stack (test/chaos): a short run in make test,
+# CHAOS_DURATION of it with make chaos; CHAOS_SEED=N replays a schedule.
+CHAOS_DURATION ?= 10m
+test-chaos: tools test-binaries
+	hack/build-tools.sh $(E2E_TOOLS)
+	CHAOS_DURATION=60s $(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 10m -v ./test/chaos/... | \
+	  grep -E '^(=== RUN|--- |PASS|FAIL|ok)|chaos_test.go|^ +(churn|fault) ' ; exit $${PIPESTATUS[0]}
+
+chaos: tools test-binaries
+	hack/build-tools.sh $(E2E_TOOLS)
+	CHAOS_DURATION=$(CHAOS_DURATION) $(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 0 -v -run TestChaos ./test/chaos/... | \
+	  grep -E '^(=== RUN|--- |PASS|FAIL|ok)|chaos_test.go|^ +(churn|fault) ' ; exit $${PIPESTATUS[0]}
 
 # Ctrl-C stops it and removes everything; DEMO_DURATION=60s stops it by itself
 # (exit code 1 if the story did not complete).
@@ -89,7 +103,7 @@ SIZE ?= small
 bench: build
 	hack/build-tools.sh etcd kube-apiserver kube-controller-manager
 	mkdir -p _output/bench
-	go test -run '^$$' -bench . -benchmem ./pkg/cache ./pkg/reconciler | tee _output/bench/go-bench.txt
+	go test -run '^$$' -bench . -benchmem ./pkg/cache ./pkg/reconciler ./pkg/controller | tee _output/bench/go-bench.txt
 	go run ./test/bench/cmd/adcbench -size $(SIZE) -go-bench _output/bench/go-bench.txt
 
 IMAGE ?= ghcr.io/kube-attach/attach-detach-controller:$(VERSION)

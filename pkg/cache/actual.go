@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -100,6 +101,13 @@ type ActualState struct {
 	// byAttachmentName finds the key of a VolumeAttachment whose source can
 	// no longer be read (its PV is gone).
 	byAttachmentName map[string]Key
+	// Counts kept as attachments change, so that a metrics scrape reads a
+	// few numbers instead of every attachment: by metric plugin name, by
+	// state, and the attaches not confirmed yet (few, unless an attacher
+	// stopped acting).
+	byPlugin    map[string]int
+	byState     map[State]int
+	unconfirmed map[Key]*Attachment
 }
 
 type nodeEntry struct {
@@ -124,6 +132,9 @@ func NewActualState() *ActualState {
 		volumes:          map[volume.Name]map[string]*Attachment{},
 		nodes:            map[string]*nodeEntry{},
 		byAttachmentName: map[string]Key{},
+		byPlugin:         map[string]int{},
+		byState:          map[State]int{},
+		unconfirmed:      map[Key]*Attachment{},
 	}
 }
 
@@ -165,6 +176,12 @@ func (a *ActualState) Update(k Key, create bool, fn func(*Attachment)) bool {
 	before := *at
 	fn(at)
 	at.Key = k
+	if !ok {
+		a.byPlugin[volume.MetricPluginName(k.Volume)]++
+	} else {
+		a.uncountLocked(&before)
+	}
+	a.countLocked(at)
 	if before.AttachmentName != at.AttachmentName && before.AttachmentName != "" {
 		delete(a.byAttachmentName, before.AttachmentName)
 	}
@@ -185,6 +202,11 @@ func (a *ActualState) Delete(k Key) bool {
 	delete(a.volumes[k.Volume], k.Node)
 	if len(a.volumes[k.Volume]) == 0 {
 		delete(a.volumes, k.Volume)
+	}
+	a.uncountLocked(at)
+	plugin := volume.MetricPluginName(k.Volume)
+	if a.byPlugin[plugin]--; a.byPlugin[plugin] <= 0 {
+		delete(a.byPlugin, plugin)
 	}
 	if at.AttachmentName != "" && a.byAttachmentName[at.AttachmentName] == k {
 		delete(a.byAttachmentName, at.AttachmentName)
@@ -522,11 +544,7 @@ func (a *ActualState) reportedLocked(n *nodeEntry) []v1.AttachedVolume {
 func (a *ActualState) Stats() map[string]int {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
-	byPlugin := map[string]int{}
-	for v, byNode := range a.volumes {
-		byPlugin[volume.MetricPluginName(v)] += len(byNode)
-	}
-	return byPlugin
+	return maps.Clone(a.byPlugin)
 }
 
 // ObserveReport records what node.status.volumesAttached says when it

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"maps"
 	"slices"
 	"sync"
 
@@ -21,6 +22,10 @@ type DesiredState struct {
 	// answers "is this attachment still wanted" for a volume attached under
 	// an alias, and finds the keys a change of that name concerns.
 	names map[volume.Name]map[string]map[volume.Name]int
+	// byPlugin and pending count entries as they change, so that a metrics
+	// scrape reads two numbers instead of every entry.
+	byPlugin map[string]int
+	pending  int
 }
 
 type podWants struct {
@@ -46,9 +51,10 @@ type desiredEntry struct {
 // NewDesiredState returns an empty DesiredState.
 func NewDesiredState() *DesiredState {
 	return &DesiredState{
-		pods:    map[string]*podWants{},
-		entries: map[Key]*desiredEntry{},
-		names:   map[volume.Name]map[string]map[volume.Name]int{},
+		pods:     map[string]*podWants{},
+		entries:  map[Key]*desiredEntry{},
+		names:    map[volume.Name]map[string]map[volume.Name]int{},
+		byPlugin: map[string]int{},
 	}
 }
 
@@ -110,7 +116,7 @@ func (d *DesiredState) SetPodVolumes(pod PodRef, node string, vols []PodVolume) 
 			// and the pod's current UID (a pod re-created under the same
 			// name is another pod: events go to it).
 			e := d.entries[Key{Volume: s.Name, Node: node}]
-			e.spec = s
+			d.setSpecLocked(e, s)
 			e.pods[podKey] = pod
 			continue
 		}
@@ -142,8 +148,9 @@ func (d *DesiredState) addLocked(pod PodRef, node string, s *volume.Spec) {
 	if e == nil {
 		e = &desiredEntry{pods: map[string]PodRef{}}
 		d.entries[k] = e
+		d.byPlugin[volume.MetricPluginName(k.Volume)]++
 	}
-	e.spec = s
+	d.setSpecLocked(e, s)
 	e.pods[pod.String()] = pod
 	for _, n := range s.AllNames() {
 		m := d.names[n]
@@ -164,6 +171,11 @@ func (d *DesiredState) removeLocked(podKey, node string, s *volume.Spec) {
 		delete(e.pods, podKey)
 		if len(e.pods) == 0 {
 			delete(d.entries, k)
+			d.setSpecLocked(e, nil)
+			plugin := volume.MetricPluginName(k.Volume)
+			if d.byPlugin[plugin]--; d.byPlugin[plugin] <= 0 {
+				delete(d.byPlugin, plugin)
+			}
 		}
 	}
 	for _, n := range s.AllNames() {
@@ -253,14 +265,19 @@ func (d *DesiredState) Keys() []Key {
 func (d *DesiredState) Stats() (byPlugin map[string]int, pending int) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	byPlugin = map[string]int{}
-	for k, e := range d.entries {
-		byPlugin[volume.MetricPluginName(k.Volume)]++
-		if e.spec.Pending != "" {
-			pending++
-		}
+	return maps.Clone(d.byPlugin), d.pending
+}
+
+// setSpecLocked sets the spec of an entry (nil: the entry is going),
+// keeping the count of undecided ones.
+func (d *DesiredState) setSpecLocked(e *desiredEntry, s *volume.Spec) {
+	if e.spec != nil && e.spec.Pending != "" {
+		d.pending--
 	}
-	return byPlugin, pending
+	if s != nil && s.Pending != "" {
+		d.pending++
+	}
+	e.spec = s
 }
 
 // containsSpec reports whether specs holds a spec equal to s in every field

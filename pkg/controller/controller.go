@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -78,6 +79,18 @@ type Config struct {
 	// NodeRateLimiter are then unused).
 	NewQueue    func(name string) workqueue.TypedRateLimitingInterface[string]
 	NewKeyQueue func(name string) workqueue.TypedRateLimitingInterface[cache.Key]
+	// Observer, when set, sees every Node and VolumeAttachment the shared
+	// informers read, managedFields included (the caches drop them), and
+	// their deletions.
+	Observer Observer
+}
+
+// Observer sees the Nodes and VolumeAttachments the informers read.
+type Observer interface {
+	// Observe is called with each object as read, before it is trimmed.
+	Observe(obj any)
+	// Forget is called with each deleted object (or its tombstone).
+	Forget(obj any)
 }
 
 // Informers are the informers the controller reads. Their caches must hold
@@ -93,8 +106,18 @@ type Informers struct {
 
 // NewInformers returns shared informers over client (and dynamic, for
 // CSINodeInfo when csiNodeInfo is true), trimming what they cache.
-func NewInformers(client kubernetes.Interface, dyn dynamic.Interface, csiNodeInfo bool) *Informers {
-	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(Trim))
+func NewInformers(client kubernetes.Interface, dyn dynamic.Interface, csiNodeInfo bool, observer Observer) *Informers {
+	transform := Trim
+	if observer != nil {
+		transform = func(obj any) (any, error) {
+			switch obj.(type) {
+			case *v1.Node, *storagev1.VolumeAttachment:
+				observer.Observe(obj)
+			}
+			return Trim(obj)
+		}
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(transform))
 	inf := &Informers{
 		Pods:              f.Core().V1().Pods().Informer(),
 		PVCs:              f.Core().V1().PersistentVolumeClaims().Informer(),
@@ -185,7 +208,7 @@ func New(cfg Config) (*Controller, error) {
 		goneNodes: map[string]*v1.Node{},
 	}
 	if c.informers == nil {
-		c.informers = NewInformers(cfg.Client, cfg.Dynamic, cfg.CSINodeInfoInstalled)
+		c.informers = NewInformers(cfg.Client, cfg.Dynamic, cfg.CSINodeInfoInstalled, cfg.Observer)
 	}
 	inf := c.informers
 	if err := inf.Pods.AddIndexers(toolscache.Indexers{indexByNode: podNodeIndex, indexByClaim: podClaimIndex}); err != nil {

@@ -19,9 +19,8 @@ const (
 	indexByClaimRef = "byClaimRef"
 )
 
-// Trim keeps in the informer caches only what the controller reads: pods and
-// nodes are the large objects of a cluster, and most of them is of no use
-// here. Informers passed in Config.Informers must apply it.
+// Trim keeps in the informer caches only what the controller reads: of pods,
+// nodes, PVs and claims, most is of no use here. Informers passed in Config.Informers must apply it.
 func Trim(obj any) (any, error) {
 	if m, ok := obj.(metav1.ObjectMetaAccessor); ok {
 		m.GetObjectMeta().SetManagedFields(nil)
@@ -31,8 +30,50 @@ func Trim(obj any) (any, error) {
 		return trimPod(o), nil
 	case *v1.Node:
 		return trimNode(o), nil
+	case *v1.PersistentVolume:
+		return trimPV(o), nil
+	case *v1.PersistentVolumeClaim:
+		return trimPVC(o), nil
 	}
 	return obj, nil
+}
+
+// trimPV keeps the source, access modes and claim the controller resolves a
+// volume from, and the labels and node affinity that csi-translation-lib
+// reads when it translates an in-tree source; not its capacity, mount
+// options, annotations or status message.
+func trimPV(pv *v1.PersistentVolume) *v1.PersistentVolume {
+	out := &v1.PersistentVolume{
+		TypeMeta: pv.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Name: pv.Name, UID: pv.UID, ResourceVersion: pv.ResourceVersion, Labels: pv.Labels,
+			DeletionTimestamp: pv.DeletionTimestamp,
+		},
+		Spec: v1.PersistentVolumeSpec{
+			PersistentVolumeSource: pv.Spec.PersistentVolumeSource,
+			AccessModes:            pv.Spec.AccessModes,
+			VolumeMode:             pv.Spec.VolumeMode,
+			NodeAffinity:           pv.Spec.NodeAffinity,
+		},
+		Status: v1.PersistentVolumeStatus{Phase: pv.Status.Phase},
+	}
+	if r := pv.Spec.ClaimRef; r != nil {
+		out.Spec.ClaimRef = &v1.ObjectReference{Namespace: r.Namespace, Name: r.Name, UID: r.UID}
+	}
+	return out
+}
+
+// trimPVC keeps what binds a claim to its PV.
+func trimPVC(pvc *v1.PersistentVolumeClaim) *v1.PersistentVolumeClaim {
+	return &v1.PersistentVolumeClaim{
+		TypeMeta: pvc.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: pvc.Namespace, Name: pvc.Name, UID: pvc.UID, ResourceVersion: pvc.ResourceVersion,
+			DeletionTimestamp: pvc.DeletionTimestamp,
+		},
+		Spec:   v1.PersistentVolumeClaimSpec{VolumeName: pvc.Spec.VolumeName},
+		Status: v1.PersistentVolumeClaimStatus{Phase: pvc.Status.Phase},
+	}
 }
 
 func trimPod(p *v1.Pod) *v1.Pod {
@@ -208,6 +249,14 @@ func (c *Controller) addHandlers() error {
 	for _, h := range handlers {
 		if _, err := h.informer.AddEventHandler(h.handler); err != nil {
 			return fmt.Errorf("add event handler: %w", err)
+		}
+	}
+	if o := c.cfg.Observer; o != nil {
+		forget := toolscache.ResourceEventHandlerFuncs{DeleteFunc: o.Forget}
+		for _, i := range []toolscache.SharedIndexInformer{inf.Nodes, inf.VolumeAttachments} {
+			if _, err := i.AddEventHandler(forget); err != nil {
+				return fmt.Errorf("add event handler: %w", err)
+			}
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
@@ -113,5 +114,60 @@ func TestNodeInfo(t *testing.T) {
 	later.Status.VolumesInUse = nil
 	if sameNodeFacts(trimmed, later) {
 		t.Errorf("a volumesInUse change is not seen")
+	}
+}
+
+func TestTrimPVAndClaim(t *testing.T) {
+	fs := v1.PersistentVolumeFilesystem
+	pv := &v1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: "pv", UID: "u", ResourceVersion: "7", Labels: map[string]string{"topology.kubernetes.io/zone": "z"},
+			Annotations: map[string]string{"pv.kubernetes.io/provisioned-by": "ebs.csi.aws.com"}, Finalizers: []string{"kubernetes.io/pv-protection"}},
+		Spec: v1.PersistentVolumeSpec{
+			Capacity:               v1.ResourceList{v1.ResourceStorage: resource.MustParse("10Gi")},
+			PersistentVolumeSource: v1.PersistentVolumeSource{AWSElasticBlockStore: &v1.AWSElasticBlockStoreVolumeSource{VolumeID: "vol-1"}},
+			AccessModes:            []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce, v1.ReadOnlyMany},
+			ClaimRef:               &v1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: "ns", Name: "c", UID: "cu", ResourceVersion: "3"},
+			StorageClassName:       "gp3", MountOptions: []string{"noatime"}, VolumeMode: &fs,
+			NodeAffinity: &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{}},
+		},
+		Status: v1.PersistentVolumeStatus{Phase: v1.VolumeBound, Message: "m"},
+	}
+	obj, err := Trim(pv.DeepCopy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := obj.(*v1.PersistentVolume)
+	if got.Annotations != nil || got.Finalizers != nil || got.Spec.Capacity != nil || got.Spec.StorageClassName != "" ||
+		got.Spec.MountOptions != nil || got.Status.Message != "" {
+		t.Errorf("unused fields kept: %+v", got)
+	}
+	if got.Name != "pv" || got.UID != "u" || got.ResourceVersion != "7" || got.Labels["topology.kubernetes.io/zone"] != "z" ||
+		got.Spec.AWSElasticBlockStore == nil || len(got.Spec.AccessModes) != 2 || got.Spec.VolumeMode == nil ||
+		got.Spec.NodeAffinity == nil || got.Status.Phase != v1.VolumeBound {
+		t.Errorf("needed fields lost: %+v", got)
+	}
+	if r := got.Spec.ClaimRef; r == nil || r.Namespace != "ns" || r.Name != "c" || r.UID != "cu" {
+		t.Errorf("claimRef %+v, want ns/c uid cu", r)
+	}
+
+	pvc := &v1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c", UID: "cu", ResourceVersion: "3",
+			Annotations: map[string]string{"pv.kubernetes.io/bind-completed": "yes"}, Finalizers: []string{"kubernetes.io/pvc-protection"}},
+		Spec: v1.PersistentVolumeClaimSpec{VolumeName: "pv", AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
+			Resources: v1.VolumeResourceRequirements{Requests: v1.ResourceList{v1.ResourceStorage: resource.MustParse("10Gi")}}},
+		Status: v1.PersistentVolumeClaimStatus{Phase: v1.ClaimBound, Capacity: v1.ResourceList{v1.ResourceStorage: resource.MustParse("10Gi")}},
+	}
+	obj, err = Trim(pvc.DeepCopy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotPVC := obj.(*v1.PersistentVolumeClaim)
+	if gotPVC.Annotations != nil || gotPVC.Finalizers != nil || gotPVC.Spec.AccessModes != nil || gotPVC.Spec.Resources.Requests != nil ||
+		gotPVC.Status.Capacity != nil {
+		t.Errorf("unused fields kept: %+v", gotPVC)
+	}
+	if gotPVC.Namespace != "ns" || gotPVC.Name != "c" || gotPVC.UID != "cu" || gotPVC.ResourceVersion != "3" ||
+		gotPVC.Spec.VolumeName != "pv" || gotPVC.Status.Phase != v1.ClaimBound {
+		t.Errorf("needed fields lost: %+v", gotPVC)
 	}
 }

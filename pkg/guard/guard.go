@@ -14,15 +14,12 @@
 // dated after this controller started leading (entries left by a
 // controller that ran before the cut-over are old and ignored).
 //
-// Cost at scale: the informers of pkg/controller drop managedFields, so the
-// guard lists on its own, metadata only (no spec, no status), in pages.
-// VolumeAttachments, small and one per attachment, are listed whole at each
-// check; nodes, whose managedFields are large, one page per check, the next
-// page at the next check: at 10,000 nodes and pages of 500, a full pass over
-// the nodes takes 20 checks, and a check costs one page of node metadata
-// plus the VolumeAttachments' whatever the cluster size. A second writer of
-// CSI volumes is seen at the first check, since it creates VolumeAttachments
-// too (or rewrites node status on the nodes that have them).
+// Cost at scale: nothing more than the controller already reads. The
+// controller's informers hand every Node and VolumeAttachment they receive to
+// Observe before dropping managedFields, and every deletion to Forget; the
+// guard keeps one finding per object written by another manager. It makes
+// no API request of its own, and a second writer is seen as soon as the
+// watch delivers its write.
 package guard
 
 import (
@@ -37,10 +34,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/metadata"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 )
@@ -55,15 +51,13 @@ var (
 
 // Config configures a Guard.
 type Config struct {
-	Client metadata.Interface
 	// Self are this controller's field managers; their writes are ours.
 	Self []string
 	// Since: writes older than this are ignored (the start of leadership).
 	Since time.Time
-	// Period between checks.
+	// Period between reports (metric, log line, events) while another
+	// writer lasts.
 	Period time.Duration
-	// PageSize of the lists (500 if 0).
-	PageSize int64
 	// Recorder posts the Warning event, on the object written.
 	Recorder record.EventRecorder
 	// Registerer receives the metric
@@ -79,30 +73,26 @@ type Finding struct {
 	Time     time.Time
 }
 
-// Guard checks periodically; see the package documentation.
+// Guard keeps what Observe found; see the package documentation.
 type Guard struct {
 	cfg     Config
 	writers *prometheus.GaugeVec
 
-	mu           sync.Mutex
-	nodeContinue string
-	nodeFindings map[string]Finding // node name -> finding, kept across pages
-	reported     map[string]bool    // manager -> an event was posted
+	mu       sync.Mutex
+	findings map[string]Finding // resource/name -> the latest write of another manager
+	reported map[string]bool    // manager/resource -> an event was posted
 }
 
 // New returns a Guard with its metric registered.
 func New(cfg Config) (*Guard, error) {
-	if cfg.PageSize == 0 {
-		cfg.PageSize = 500
-	}
 	g := &Guard{
 		cfg: cfg,
 		writers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "attachdetach_controller_other_writer_objects",
 			Help: "Objects whose attach/detach fields another field manager (another attach/detach controller) wrote since this one leads, by resource (nodes: status.volumesAttached, volumeattachments: spec); 0 when none.",
 		}, []string{"resource"}),
-		nodeFindings: map[string]Finding{},
-		reported:     map[string]bool{},
+		findings: map[string]Finding{},
+		reported: map[string]bool{},
 	}
 	for _, r := range []string{nodesGVR.Resource, vasGVR.Resource} {
 		g.writers.WithLabelValues(r).Set(0)
@@ -115,6 +105,14 @@ func New(cfg Config) (*Guard, error) {
 	return g, nil
 }
 
+// SetRecorder sets the recorder of the Warning events (the controller's,
+// made after the guard).
+func (g *Guard) SetRecorder(r record.EventRecorder) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.cfg.Recorder = r
+}
+
 // Unregister removes the metric (a new leadership registers a new Guard).
 func (g *Guard) Unregister() {
 	if g.cfg.Registerer != nil {
@@ -122,17 +120,15 @@ func (g *Guard) Unregister() {
 	}
 }
 
-// Run checks at once, then every Period, until ctx is cancelled.
+// Run reports at once, then every Period, until ctx is cancelled.
 func (g *Guard) Run(ctx context.Context) {
 	logger := klog.FromContext(ctx).WithName("guard")
 	ctx = klog.NewContext(ctx, logger)
-	logger.Info("Checking for another attach/detach controller", "period", g.cfg.Period, "self", g.cfg.Self)
+	logger.Info("Watching for another attach/detach controller", "period", g.cfg.Period, "self", g.cfg.Self)
 	t := time.NewTicker(g.cfg.Period)
 	defer t.Stop()
 	for {
-		if _, err := g.Check(ctx); err != nil && ctx.Err() == nil {
-			logger.Error(err, "Checking for another attach/detach controller")
-		}
+		g.Check(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -141,19 +137,69 @@ func (g *Guard) Run(ctx context.Context) {
 	}
 }
 
-// Check lists the VolumeAttachments and one page of nodes, updates the
-// metric, logs and posts events; it returns what it found.
-func (g *Guard) Check(ctx context.Context) ([]Finding, error) {
+// Observe reads who wrote a Node's status.volumesAttached or a
+// VolumeAttachment's spec; other objects are ignored.
+func (g *Guard) Observe(obj any) {
+	var (
+		resource string
+		f        Finding
+		found    bool
+		name     string
+	)
+	switch o := obj.(type) {
+	case *v1.Node:
+		resource, name = nodesGVR.Resource, o.Name
+		f, found = g.other(nodesGVR, &o.ObjectMeta, "status", "f:volumesAttached")
+	case *storagev1.VolumeAttachment:
+		resource, name = vasGVR.Resource, o.Name
+		f, found = g.other(vasGVR, &o.ObjectMeta, "", "f:spec")
+	default:
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if found {
+		g.findings[resource+"/"+name] = f
+	} else {
+		delete(g.findings, resource+"/"+name)
+	}
+}
+
+// Forget drops what was found on a deleted Node or VolumeAttachment.
+func (g *Guard) Forget(obj any) {
+	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	var key string
+	switch o := obj.(type) {
+	case *v1.Node:
+		key = nodesGVR.Resource + "/" + o.Name
+	case *storagev1.VolumeAttachment:
+		key = vasGVR.Resource + "/" + o.Name
+	default:
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.findings, key)
+}
+
+// Check updates the metric, logs and posts events for what was found so
+// far; it returns the findings, sorted.
+func (g *Guard) Check(ctx context.Context) []Finding {
 	logger := klog.FromContext(ctx)
-	vas, err := g.checkVolumeAttachments(ctx)
-	if err != nil {
-		return nil, err
+	g.mu.Lock()
+	found := make([]Finding, 0, len(g.findings))
+	for _, f := range g.findings {
+		found = append(found, f)
 	}
-	nodes, err := g.checkNodePage(ctx)
-	if err != nil {
-		return nil, err
-	}
-	found := append(vas, nodes...)
+	g.mu.Unlock()
+	sort.Slice(found, func(i, j int) bool {
+		if found[i].Resource != found[j].Resource {
+			return found[i].Resource < found[j].Resource
+		}
+		return found[i].Name < found[j].Name
+	})
 	counts := map[[2]string]int{}
 	perResource := map[string]int{nodesGVR.Resource: 0, vasGVR.Resource: 0}
 	for _, f := range found {
@@ -168,15 +214,15 @@ func (g *Guard) Check(ctx context.Context) ([]Finding, error) {
 			"resource", k[0], "manager", k[1], "objects", n)
 	}
 	g.report(found)
-	return found, nil
+	return found
 }
 
 func (g *Guard) report(found []Finding) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	if g.cfg.Recorder == nil {
 		return
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	for _, f := range found {
 		if g.reported[f.Manager+"/"+f.Resource] {
 			continue
@@ -197,59 +243,6 @@ func fieldOf(resource string) string {
 		return "spec"
 	}
 	return "status.volumesAttached"
-}
-
-func (g *Guard) checkVolumeAttachments(ctx context.Context) ([]Finding, error) {
-	var found []Finding
-	opts := metav1.ListOptions{Limit: g.cfg.PageSize}
-	for {
-		list, err := g.cfg.Client.Resource(vasGVR).List(ctx, opts)
-		if err != nil {
-			return nil, fmt.Errorf("list volumeattachments metadata: %w", err)
-		}
-		for i := range list.Items {
-			if f, ok := g.other(vasGVR, &list.Items[i].ObjectMeta, "", "f:spec"); ok {
-				found = append(found, f)
-			}
-		}
-		if list.Continue == "" {
-			return found, nil
-		}
-		opts.Continue = list.Continue
-	}
-}
-
-// checkNodePage reads the next page of nodes; findings of earlier pages of
-// the same pass are kept until their page is read again.
-func (g *Guard) checkNodePage(ctx context.Context) ([]Finding, error) {
-	g.mu.Lock()
-	cont := g.nodeContinue
-	g.mu.Unlock()
-	list, err := g.cfg.Client.Resource(nodesGVR).List(ctx, metav1.ListOptions{Limit: g.cfg.PageSize, Continue: cont})
-	if apierrors.IsResourceExpired(err) && cont != "" {
-		// The continue token outlived its snapshot: start a new pass.
-		list, err = g.cfg.Client.Resource(nodesGVR).List(ctx, metav1.ListOptions{Limit: g.cfg.PageSize})
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list nodes metadata: %w", err)
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for i := range list.Items {
-		m := &list.Items[i].ObjectMeta
-		if f, ok := g.other(nodesGVR, m, "status", "f:volumesAttached"); ok {
-			g.nodeFindings[m.Name] = f
-		} else {
-			delete(g.nodeFindings, m.Name)
-		}
-	}
-	g.nodeContinue = list.Continue
-	found := make([]Finding, 0, len(g.nodeFindings))
-	for _, f := range g.nodeFindings {
-		found = append(found, f)
-	}
-	sort.Slice(found, func(i, j int) bool { return found[i].Name < found[j].Name })
-	return found, nil
 }
 
 // other returns the most recent write of field, on subresource, by a

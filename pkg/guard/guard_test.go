@@ -7,9 +7,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	metadatafake "k8s.io/client-go/metadata/fake"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 )
 
@@ -23,19 +24,12 @@ func entry(manager, subresource, fields string, at time.Time) metav1.ManagedFiel
 	}
 }
 
-func object(kind, apiVersion, name string, entries ...metav1.ManagedFieldsEntry) *metav1.PartialObjectMetadata {
-	return &metav1.PartialObjectMetadata{
-		TypeMeta:   metav1.TypeMeta{Kind: kind, APIVersion: apiVersion},
-		ObjectMeta: metav1.ObjectMeta{Name: name, ManagedFields: entries},
-	}
+func va(name string, entries ...metav1.ManagedFieldsEntry) any {
+	return &storagev1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: name, ManagedFields: entries}}
 }
 
-func va(name string, entries ...metav1.ManagedFieldsEntry) runtime.Object {
-	return object("VolumeAttachment", "storage.k8s.io/v1", name, entries...)
-}
-
-func node(name string, entries ...metav1.ManagedFieldsEntry) runtime.Object {
-	return object("Node", "v1", name, entries...)
+func node(name string, entries ...metav1.ManagedFieldsEntry) any {
+	return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, ManagedFields: entries}}
 }
 
 const (
@@ -49,19 +43,19 @@ func TestCheck(t *testing.T) {
 	after, before := since.Add(time.Minute), since.Add(-time.Hour)
 	for _, tc := range []struct {
 		name    string
-		objects []runtime.Object
+		objects []any
 		want    map[string]float64 // resource -> objects
 		events  int
 	}{
-		{"alone", []runtime.Object{
+		{"alone", []any{
 			va("a", entry("attach-detach-controller", "", spec, after), entry("csi-attacher", "status", attacherStatus, after)),
 			node("n", entry("attach-detach-controller", "status", volumesAttached, after), entry("kubelet", "status", volumesInUse, after)),
 		}, map[string]float64{"nodes": 0, "volumeattachments": 0}, 0},
-		{"kube-controller-manager before this one led", []runtime.Object{
+		{"kube-controller-manager before this one led", []any{
 			va("a", entry("kube-controller-manager", "", spec, before)),
 			node("n", entry("kube-controller-manager", "status", volumesAttached, before)),
 		}, map[string]float64{"nodes": 0, "volumeattachments": 0}, 0},
-		{"kube-controller-manager beside it", []runtime.Object{
+		{"kube-controller-manager beside it", []any{
 			va("a", entry("kube-controller-manager", "", spec, after)),
 			va("b", entry("attach-detach-controller", "", spec, after)),
 			node("n", entry("kube-controller-manager", "status", volumesAttached, after)),
@@ -69,21 +63,17 @@ func TestCheck(t *testing.T) {
 		}, map[string]float64{"nodes": 1, "volumeattachments": 1}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			scheme := runtime.NewScheme()
-			if err := metav1.AddMetaToScheme(scheme); err != nil {
-				t.Fatal(err)
-			}
-			client := metadatafake.NewSimpleMetadataClient(scheme, tc.objects...)
 			rec := record.NewFakeRecorder(10)
 			reg := prometheus.NewRegistry()
-			g, err := New(Config{Client: client, Self: []string{"attach-detach-controller"}, Since: since,
+			g, err := New(Config{Self: []string{"attach-detach-controller"}, Since: since,
 				Period: time.Minute, Recorder: rec, Registerer: reg})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := g.Check(context.Background()); err != nil {
-				t.Fatal(err)
+			for _, o := range tc.objects {
+				g.Observe(o)
 			}
+			g.Check(context.Background())
 			for resource, want := range tc.want {
 				if got := testutil.ToFloat64(g.writers.WithLabelValues(resource)); got != want {
 					t.Errorf("%s: %v objects, want %v", resource, got, want)
@@ -93,12 +83,39 @@ func TestCheck(t *testing.T) {
 				t.Errorf("%d events, want %d", got, tc.events)
 			}
 			// A second check posts no new event for the same writer.
-			if _, err := g.Check(context.Background()); err != nil {
-				t.Fatal(err)
-			}
+			g.Check(context.Background())
 			if got := len(rec.Events); got != tc.events {
 				t.Errorf("after a second check: %d events, want %d", got, tc.events)
 			}
 		})
+	}
+}
+
+// A finding lasts as long as the object's latest version shows the other
+// writer: it goes when this controller takes the field over, or when the
+// object is deleted.
+func TestFindingsFollowTheObjects(t *testing.T) {
+	after := since.Add(time.Minute)
+	g, err := New(Config{Self: []string{"attach-detach-controller"}, Since: since, Period: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func() int { return len(g.Check(context.Background())) }
+	g.Observe(node("n", entry("kube-controller-manager", "status", volumesAttached, after)))
+	g.Observe(va("a", entry("kube-controller-manager", "", spec, after)))
+	g.Observe(&v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", ManagedFields: []metav1.ManagedFieldsEntry{
+		entry("kube-controller-manager", "", spec, after)}}})
+	if got := count(); got != 2 {
+		t.Fatalf("%d findings, want 2 (a node and a VolumeAttachment)", got)
+	}
+	// This controller rewrote the node's volumesAttached: the field is its own.
+	g.Observe(node("n", entry("attach-detach-controller", "status", volumesAttached, after.Add(time.Second)),
+		entry("kube-controller-manager", "status", `{"f:status":{}}`, after)))
+	if got := count(); got != 1 {
+		t.Fatalf("after the node's field was taken over: %d findings, want 1", got)
+	}
+	g.Forget(toolscache.DeletedFinalStateUnknown{Key: "a", Obj: va("a")})
+	if got := count(); got != 0 {
+		t.Fatalf("after the VolumeAttachment was deleted: %d findings, want 0", got)
 	}
 }

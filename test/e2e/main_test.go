@@ -23,7 +23,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-attach/attach-detach-controller/test/e2e/stack"
-	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
 // st is the package's stack, started by TestMain.
@@ -34,36 +33,17 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "adc-e2e-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer func() { _ = os.RemoveAll(dir) }() // binaries only; the OS cleans /tmp
-	opts, err := stack.Build(ctx, dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	opts.Logger = klog.Background()
-	st, err = stack.Start(ctx, opts)
+	var stop func() error
+	var err error
+	st, stop, err = stack.StartBuilt(context.Background(), klog.Background())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer func() {
-		if err := st.Stop(); err != nil {
+		if err := stop(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 		}
 	}()
-	// Both drivers need an attach; so would a missing CSIDriver, but the
-	// objects say it for the reader.
-	for _, d := range st.Drivers {
-		if _, err := framework.CreateCSIDriver(ctx, st.Cluster.Client, d, new(true)); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-	}
 	return m.Run()
 }

@@ -270,3 +270,37 @@ func findBinary(dir, name string) (string, error) {
 	}
 	return path, nil
 }
+
+// RestartAPIServer kills kube-apiserver (SIGKILL) and starts
+// it again with the same flags on the same port, and returns once it is
+// ready: what clients see of an apiserver upgrade or crash. etcd keeps
+// running, so every object stays.
+func (c *Cluster) RestartAPIServer(ctx context.Context, down time.Duration) error {
+	old := c.apiserver
+	if old == nil {
+		return errors.New("no kube-apiserver to restart")
+	}
+	if err := old.stop(); err != nil {
+		c.logger.V(1).Info("Kube-apiserver stopped with an error", "err", err)
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(down):
+	}
+	var last error
+	for attempt := 1; attempt <= 20; attempt++ {
+		p, err := startProcess(ctx, c.Dir, "kube-apiserver", old.cmd.Path, old.cmd.Args[1:]...)
+		if err != nil {
+			return err
+		}
+		if last = waitForReadyz(ctx, p, c.Config); last == nil {
+			c.apiserver = p
+			return nil
+		}
+		// The port of the old process may not be free yet.
+		_ = p.stop()
+		time.Sleep(500 * time.Millisecond)
+	}
+	return fmt.Errorf("restart kube-apiserver: %w", last)
+}

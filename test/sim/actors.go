@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -151,19 +152,31 @@ func podPV(p *v1.Pod) string { return p.Annotations["sim/pv"] }
 // its kubelet knows the volume (a pod whose claim never existed mounts
 // nothing).
 func (s *Sim) resolved(p *v1.Pod) bool {
+	_, ok := s.resolvedAt(p)
+	return ok
+}
+
+// resolvedAt is when the pod's claim was first seen to exist while the pod
+// lived.
+func (s *Sim) resolvedAt(p *v1.Pod) (time.Time, bool) {
 	k := keyOf(p)
-	if !s.podResolved[k] && s.w.get(rPVCs, ns+"/c-"+podPV(p)) != nil {
-		s.podResolved[k] = true
+	if _, ok := s.podResolved[k]; !ok && s.w.get(rPVCs, ns+"/c-"+podPV(p)) != nil {
+		s.podResolved[k] = s.clock.Now()
 	}
-	return s.podResolved[k]
+	t, ok := s.podResolved[k]
+	return t, ok
 }
 
 // wanted: the volume is used by a live pod on an existing managed node.
-func (s *Sim) wanted() map[pair]bool {
+func (s *Sim) wanted() map[pair]bool { return s.wantedFor(0) }
+
+// wantedFor: the volume is used by a live pod on an existing node whose
+// claim was resolved at least d ago.
+func (s *Sim) wantedFor(d time.Duration) map[pair]bool {
 	out := map[pair]bool{}
 	for _, o := range s.w.list(rPods) {
 		p := o.(*v1.Pod)
-		if live(p) && s.resolved(p) && s.w.node(p.Spec.NodeName) != nil {
+		if t, ok := s.resolvedAt(p); ok && live(p) && s.w.node(p.Spec.NodeName) != nil && s.clock.Now().Sub(t) >= d {
 			out[pair{podPV(p), p.Spec.NodeName}] = true
 		}
 	}
@@ -293,8 +306,12 @@ func (s *Sim) workload() {
 	pick := func(n int) int { return s.rng.Intn(n) }
 	switch x := s.rng.Float64() * 20; {
 	case x < 5 && len(nodes) > 0:
+		// The scheduler places pods on Ready nodes without the
+		// out-of-service taint (they may change right after).
 		v := s.vols[pick(len(s.vols))]
-		s.createPod(v.pv, nodes[pick(len(nodes))].GetName())
+		if n := nodes[pick(len(nodes))].(*v1.Node); ready(n) && !outOfServiceTaint(n) {
+			s.createPod(v.pv, n.Name)
+		}
 	case x < 8 && len(running) > 0:
 		p := running[pick(len(running))].DeepCopy()
 		now := metav1.NewTime(s.clock.Now())

@@ -144,6 +144,10 @@ func (s *Sim) checkDetachStart(pv, node string) {
 		return ok && unwanted && !t.Before(since)
 	}
 	switch {
+	case s.wantedFor(seenWant)[pair{pv, node}]:
+		// Not even the out-of-service taint detaches the volume of a live
+		// pod the controller has had time to see.
+		s.violate("I2", "detach of %s from node %s started while a live pod there uses it", pv, node)
 	case (n != nil && outOfServiceTaint(n)) || held(s.taintSeen):
 	case s.wanted()[pair{pv, node}]:
 		s.violate("I2", "detach of %s from node %s started while a live pod there uses it", pv, node)

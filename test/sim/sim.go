@@ -94,7 +94,7 @@ type Sim struct {
 	// deletedInUse: what a node had mounted when its object was deleted.
 	unwantedSince map[pair]time.Time
 	wantedSince   map[pair]time.Time
-	podResolved   map[string]bool
+	podResolved   map[string]time.Time
 	deletedInUse  map[string][]string
 	deletedNodes  map[string]bool
 	// taintSeen and unhealthySeen: when each node last had the
@@ -129,7 +129,7 @@ func newSim(seed int64, cfg Config) *Sim {
 		cfg: cfg, seed: seed, rng: rand.New(rand.NewSource(seed)),
 		clock:   clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
 		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
-		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]bool{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
+		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]time.Time{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
 		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{},
 	}
 	s.ctx = s.logContext()

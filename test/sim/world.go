@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -374,5 +373,3 @@ func (i *informer) resync() {
 		}
 	}
 }
-
-func joinNames(names []string) string { return strings.Join(names, ",") }

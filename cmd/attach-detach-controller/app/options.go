@@ -82,7 +82,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"How long a volume still mounted on an unhealthy (not Ready or deleted) node is waited for before it is detached anyway.")
 	fs.IntVar(&o.Workers, "workers", o.Workers, "Number of volume/node pairs reconciled at once (1-1000). Node statuses are written by one writer, one patch per node carrying all its changes.")
 	fs.DurationVar(&o.OtherWriterCheckPeriod, "other-writer-check-period", o.OtherWriterCheckPeriod,
-		"Period of the check for another attach/detach controller (kube-controller-manager's) writing VolumeAttachments or node.status.volumesAttached beside this one (at least 1s; 0 disables it).")
+		"Period of the report (metric, log line) of another attach/detach controller (kube-controller-manager's) writing VolumeAttachments or node.status.volumesAttached beside this one, as the informers see its writes (at least 1s; 0 disables the watch).")
 	fs.BoolVar(&o.ShowVersion, "version", false, "Print the version and exit.")
 }
 

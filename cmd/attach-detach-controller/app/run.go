@@ -19,7 +19,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
@@ -120,18 +119,23 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 	defer stopHTTP()
 
 	runController := func(ctx context.Context) error {
-		c, err := newController(ctx, o, config, client, reg)
+		g, err := newGuard(o, reg)
+		if err != nil {
+			return err
+		}
+		if g != nil {
+			defer g.Unregister()
+		}
+		c, err := newController(ctx, o, config, client, reg, g)
 		if err != nil {
 			return err
 		}
 		current.Store(c.c)
 		defer current.Store(nil)
-		stopGuard, err := startGuard(ctx, o, config, c, reg)
-		if err != nil {
-			c.broadcaster.Shutdown()
-			return err
+		if g != nil {
+			stopGuard := runGuard(ctx, g)
+			defer stopGuard()
 		}
-		defer stopGuard()
 		return c.Run(ctx, &ready)
 	}
 	if !o.LeaderElection.LeaderElect {
@@ -140,31 +144,26 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 	return runLeading(ctx, o, config, healthz, runController)
 }
 
-// startGuard runs the check for another attach/detach controller
-// (pkg/guard) while the controller runs; the returned function stops it and
-// waits for it.
-func startGuard(ctx context.Context, o *Options, config *rest.Config, c *controllerRun, reg prometheus.Registerer) (func(), error) {
+// newGuard returns the watch for another attach/detach controller
+// (pkg/guard), fed by the controller's informers; nil when turned off.
+func newGuard(o *Options, reg prometheus.Registerer) (*guard.Guard, error) {
 	if o.OtherWriterCheckPeriod == 0 {
-		return func() {}, nil
-	}
-	mc, err := metadata.NewForConfig(rest.AddUserAgent(config, "attach-detach-controller-guard"))
-	if err != nil {
-		return nil, fmt.Errorf("create metadata client: %w", err)
+		return nil, nil
 	}
 	// The API server names a writer after its user agent's first word: the
 	// command's name (rest.AddUserAgent keeps it first).
 	self, _, _ := strings.Cut(rest.DefaultKubernetesUserAgent(), "/")
-	g, err := guard.New(guard.Config{
-		Client:     mc,
+	return guard.New(guard.Config{
 		Self:       []string{self},
 		Since:      time.Now().Add(-time.Second),
 		Period:     o.OtherWriterCheckPeriod,
-		Recorder:   c.broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "attachdetach-controller"}),
 		Registerer: reg,
 	})
-	if err != nil {
-		return nil, err
-	}
+}
+
+// runGuard reports what the guard finds while the controller runs; the
+// returned function stops it and waits for it.
+func runGuard(ctx context.Context, g *guard.Guard) func() {
 	guardCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -174,8 +173,7 @@ func startGuard(ctx context.Context, o *Options, config *rest.Config, c *control
 	return func() {
 		cancel()
 		<-done
-		g.Unregister()
-	}, nil
+	}
 }
 
 func restConfig(o *Options) (*rest.Config, error) {
@@ -206,7 +204,8 @@ func (r *controllerRun) Run(ctx context.Context, ready *atomic.Bool) error {
 	return r.c.Run(ctx, func() { ready.Store(true) })
 }
 
-func newController(ctx context.Context, o *Options, config *rest.Config, client kubernetes.Interface, reg prometheus.Registerer) (*controllerRun, error) {
+func newController(ctx context.Context, o *Options, config *rest.Config, client kubernetes.Interface, reg prometheus.Registerer,
+	g *guard.Guard) (*controllerRun, error) {
 	logger := klog.FromContext(ctx)
 	dyn, err := dynamic.NewForConfig(config)
 	if err != nil {
@@ -226,6 +225,11 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: eventClient.CoreV1().Events("")})
 	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "attachdetach-controller"})
+	var observer controller.Observer
+	if g != nil {
+		g.SetRecorder(recorder)
+		observer = g
+	}
 	m := metrics.New()
 	if err := m.Register(reg); err != nil {
 		return nil, fmt.Errorf("register metrics: %w", err)
@@ -242,6 +246,7 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 			DisableForceDetachOnTimeout: o.DisableForceDetachOnTimeout,
 		},
 		InTree:        intree.Builtin(),
+		Observer:      observer,
 		Workers:       o.Workers,
 		StatusWorkers: statusWorkers,
 		SyncPeriod:    syncPeriod(o),
@@ -320,14 +325,13 @@ func runLeading(ctx context.Context, o *Options, config *rest.Config, healthz *l
 		case <-done:
 		}
 	}()
-	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+	le, err := newElector(healthz, leaderelection.LeaderElectionConfig{
 		Lock:            lock,
 		LeaseDuration:   o.LeaderElection.LeaseDuration.Duration,
 		RenewDeadline:   o.LeaderElection.RenewDeadline.Duration,
 		RetryPeriod:     o.LeaderElection.RetryPeriod.Duration,
 		ReleaseOnCancel: true,
 		Name:            o.LeaderElection.ResourceName,
-		WatchDog:        healthz,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(leCtx context.Context) {
 				defer close(runDone)
@@ -366,11 +370,6 @@ func runLeading(ctx context.Context, o *Options, config *rest.Config, healthz *l
 	if err != nil {
 		return fmt.Errorf("leader election: %w", err)
 	}
-	// /healthz fails when this replica leads but has not renewed the Lease
-	// for too long; client-go only wires the watchdog in RunOrDie.
-	if healthz != nil {
-		healthz.SetLeaderElection(le)
-	}
 	le.Run(electorCtx)
 	close(done)
 	// Run returns without its context cancelled only when renewals failed,
@@ -393,6 +392,22 @@ type endpoints struct {
 	healthz http.HandlerFunc
 	readyz  http.HandlerFunc
 	explain http.HandlerFunc
+}
+
+// newElector returns the leader elector of cfg with healthz (when not nil)
+// as its watchdog: /healthz fails when this replica leads but has not
+// renewed the Lease for too long. client-go wires the watchdog only in
+// RunOrDie.
+func newElector(healthz *leaderelection.HealthzAdaptor, cfg leaderelection.LeaderElectionConfig) (*leaderelection.LeaderElector, error) {
+	cfg.WatchDog = healthz
+	le, err := leaderelection.NewLeaderElector(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if healthz != nil {
+		healthz.SetLeaderElection(le)
+	}
+	return le, nil
 }
 
 func newEndpoints(reg *prometheus.Registry, healthz *leaderelection.HealthzAdaptor, ready *atomic.Bool, leaderElect bool,

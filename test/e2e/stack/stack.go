@@ -320,3 +320,37 @@ func Build(ctx context.Context, dir string) (Options, error) {
 	}
 	return opts, nil
 }
+
+// StartBuilt builds the controller and kubeletsim from the module's source
+// into a temporary directory, starts the stack on it (apiserverFlags
+// appended to kube-apiserver's) and creates a CSIDriver, attach required,
+// for each driver. stop stops everything and removes the binaries.
+func StartBuilt(ctx context.Context, logger klog.Logger, apiserverFlags ...string) (st *Stack, stop func() error, err error) {
+	dir, err := os.MkdirTemp("", "adc-stack-bin-")
+	if err != nil {
+		return nil, nil, err
+	}
+	removeBin := func() { _ = os.RemoveAll(dir) } // binaries only; the OS cleans /tmp
+	opts, err := Build(ctx, dir)
+	if err != nil {
+		removeBin()
+		return nil, nil, err
+	}
+	opts.Logger = logger
+	opts.APIServerFlags = apiserverFlags
+	st, err = Start(ctx, opts)
+	if err != nil {
+		removeBin()
+		return nil, nil, err
+	}
+	stop = func() error {
+		defer removeBin()
+		return st.Stop()
+	}
+	for _, d := range st.Drivers {
+		if _, err := framework.CreateCSIDriver(ctx, st.Cluster.Client, d, new(true)); err != nil {
+			return nil, nil, errors.Join(err, stop())
+		}
+	}
+	return st, stop, nil
+}

@@ -1,0 +1,127 @@
+package chaos
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+const (
+	rwo = "pv-rwo"
+	rwx = "pv-rwx"
+)
+
+var (
+	rwoName = "kubernetes.io/csi/mock.csi.example.com^h-rwo"
+	rwxName = "kubernetes.io/csi/mock.csi.example.com^h-rwx"
+)
+
+func vaEvent(typ watch.EventType, rv, pv, node string, deleting bool) Event {
+	va := &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: pv + "@" + node, ResourceVersion: rv},
+		Spec:       storagev1.VolumeAttachmentSpec{NodeName: node, Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pv}},
+	}
+	if deleting {
+		now := metav1.NewTime(time.Now())
+		va.DeletionTimestamp = &now
+	}
+	return Event{Type: typ, VA: va}
+}
+
+func nodeEvent(rv, name string, readyNode, taint bool, attached, inUse []string) Event {
+	n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: rv}}
+	st := v1.ConditionFalse
+	if readyNode {
+		st = v1.ConditionTrue
+	}
+	n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: st}}
+	if taint {
+		n.Spec.Taints = []v1.Taint{{Key: outOfService, Effect: v1.TaintEffectNoExecute}}
+	}
+	for _, a := range attached {
+		n.Status.VolumesAttached = append(n.Status.VolumesAttached, v1.AttachedVolume{Name: v1.UniqueVolumeName(a)})
+	}
+	for _, u := range inUse {
+		n.Status.VolumesInUse = append(n.Status.VolumesInUse, v1.UniqueVolumeName(u))
+	}
+	return Event{Type: watch.Modified, Node: n}
+}
+
+// The checker catches each violation planted on purpose, and says nothing
+// of clean histories, whatever order the watches delivered them in.
+func TestCheckerCatchesPlantedViolations(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		events []Event
+		want   string // "" for none
+	}{
+		{"clean handover: withdraw, unmount, detach, attach elsewhere", []Event{
+			nodeEvent("10", "a", true, false, []string{rwoName}, []string{rwoName}),
+			vaEvent(watch.Added, "11", rwo, "a", false),
+			nodeEvent("12", "a", true, false, []string{rwoName}, nil),
+			nodeEvent("13", "a", true, false, nil, nil),
+			vaEvent(watch.Modified, "14", rwo, "a", true),
+			vaEvent(watch.Deleted, "15", rwo, "a", true),
+			vaEvent(watch.Added, "16", rwo, "b", false),
+		}, ""},
+		{"delivered out of order across watches", []Event{
+			vaEvent(watch.Modified, "14", rwo, "a", true),
+			nodeEvent("13", "a", true, false, nil, nil),
+			nodeEvent("10", "a", true, false, []string{rwoName}, []string{rwoName}),
+		}, ""},
+		{"RWX on two nodes", []Event{
+			vaEvent(watch.Added, "11", rwx, "a", false),
+			vaEvent(watch.Added, "12", rwx, "b", false),
+		}, ""},
+		{"planted: RWO on two nodes", []Event{
+			vaEvent(watch.Added, "11", rwo, "a", false),
+			vaEvent(watch.Added, "12", rwo, "b", false),
+		}, "I1: single-node volume pv-rwo has VolumeAttachments on nodes a, b"},
+		{"planted: RWO attached elsewhere while its detach runs", []Event{
+			vaEvent(watch.Added, "11", rwo, "a", false),
+			vaEvent(watch.Modified, "12", rwo, "a", true),
+			vaEvent(watch.Added, "13", rwo, "b", false),
+		}, "I1:"},
+		{"planted: detach of a volume mounted on a Ready node", []Event{
+			nodeEvent("10", "a", true, false, nil, []string{rwoName}),
+			vaEvent(watch.Modified, "14", rwo, "a", true),
+		}, "I2: detach of pv-rwo from a started"},
+		{"planted: detach of a volume mounted on a NotReady node", []Event{
+			nodeEvent("10", "a", false, false, nil, []string{rwoName}),
+			vaEvent(watch.Deleted, "14", rwo, "a", false),
+			vaEvent(watch.Added, "9", rwo, "a", false),
+		}, "I2:"},
+		{"out-of-service taint allows it", []Event{
+			nodeEvent("10", "a", false, true, nil, []string{rwoName}),
+			vaEvent(watch.Modified, "14", rwo, "a", true),
+		}, ""},
+		{"planted: detach while node status lists it", []Event{
+			vaEvent(watch.Modified, "14", rwo, "a", true),
+			nodeEvent("10", "a", true, false, []string{rwoName}, nil),
+		}, "I3: detach of pv-rwo from a started"},
+		{"node status written after the detach started is not read", []Event{
+			vaEvent(watch.Modified, "14", rwo, "a", true),
+			nodeEvent("10", "a", true, false, nil, nil),
+			nodeEvent("15", "a", true, false, []string{rwoName}, []string{rwoName}),
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewChecker(Volume{PV: rwo, SingleNode: true, Names: []string{rwoName}}, Volume{PV: rwx, Names: []string{rwxName}})
+			for _, e := range tc.events {
+				c.Record(e)
+			}
+			got := c.Violations()
+			switch {
+			case tc.want == "" && len(got) > 0:
+				t.Errorf("violations %q, want none", got)
+			case tc.want != "" && (len(got) != 1 || !strings.HasPrefix(got[0], tc.want)):
+				t.Errorf("violations %q, want one starting with %q", got, tc.want)
+			}
+		})
+	}
+}
