@@ -17,8 +17,12 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 # The stack `make demo` and `make test-e2e` run (test/e2e/stack).
 E2E_TOOLS := etcd kube-apiserver csi-attacher csi-mock-driver
+# Every tool `make test` runs, built by one `go build` (hack/build-tools.sh):
+# the integration tests' kube-controller-manager and kustomize (which renders
+# manifests/, as `kubectl kustomize` would), and the e2e stack.
+TOOLS := $(E2E_TOOLS) kube-controller-manager kustomize
 
-.PHONY: all build tools test test-unit test-sim test-integration test-e2e test-chaos chaos demo bench verify image clean
+.PHONY: all build tools test-binaries test test-unit test-sim test-integration test-e2e test-chaos chaos demo bench verify image clean
 
 all: build
 
@@ -28,7 +32,7 @@ build:
 # The real etcd and kube-apiserver the integration tests run against, built
 # from the Go module proxy (hack/tools); a second run reuses them.
 tools:
-	hack/build-tools.sh etcd kube-apiserver kube-controller-manager kubectl $(filter-out etcd kube-apiserver,$(E2E_TOOLS))
+	hack/build-tools.sh $(TOOLS)
 	hack/install-promtool.sh
 
 test: test-unit test-sim test-integration test-e2e test-chaos
@@ -43,14 +47,21 @@ test-sim:
 	SIM_SEEDS=$(SIM_SEEDS) $(GO_TEST) $(TEST_FLAGS) -timeout 30m -v -run 'TestSimulation|TestChecker' ./test/sim/ | \
 	  grep -E '^(=== RUN|--- |PASS|FAIL|ok)|simulation:|^ +(fault|event)|sim_test.go' ; exit $${PIPESTATUS[0]}
 
-test-integration: tools
-	$(GO_TEST) $(TEST_FLAGS) -timeout 20m $$(go list ./test/... | grep -v -e /test/e2e -e /test/sim -e /test/chaos)
+# The controller (make build) and kubeletsim, built once for every test package
+# that runs them (test/framework: ADC_CONTROLLER_BINARY, ADC_KUBELETSIM_BINARY).
+TEST_BINARIES := ADC_CONTROLLER_BINARY=$(abspath $(BIN_DIR))/attach-detach-controller ADC_KUBELETSIM_BINARY=$(abspath $(BIN_DIR))/kubeletsim
+
+test-binaries: build
+	go build -o $(BIN_DIR)/kubeletsim ./test/kubeletsim
+
+test-integration: tools test-binaries
+	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 20m $$(go list ./test/... | grep -v -e /test/e2e -e /test/sim -e /test/chaos)
 
 # The controller binary with the real CSI external-attacher, a CSI mock driver
-# and simulated kubelets; test/e2e builds the controller and kubeletsim itself.
-test-e2e:
+# and simulated kubelets.
+test-e2e: test-binaries
 	hack/build-tools.sh $(E2E_TOOLS)
-	$(GO_TEST) $(TEST_FLAGS) -timeout 10m ./test/e2e/...
+	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 10m ./test/e2e/...
 
 # Churn and faults on the real stack (test/chaos): a short run in make test,
 # CHAOS_DURATION of it with make chaos; CHAOS_SEED=N replays a schedule.
@@ -59,14 +70,14 @@ CHAOS_DURATION ?= 10m
 # kube-controller-manager creates VolumeAttachments of ReadWriteOnce volumes
 # on a second node (I1), an open problem that make chaos shows.
 CHAOS_SHORT_FAULTS := SIGKILL of the leader,SIGKILL of the standby,kube-apiserver restart,node NotReady,node out-of-service,churn only
-test-chaos: tools
+test-chaos: tools test-binaries
 	hack/build-tools.sh $(E2E_TOOLS)
-	CHAOS_DURATION=60s CHAOS_FAULTS="$(CHAOS_SHORT_FAULTS)" $(GO_TEST) $(TEST_FLAGS) -timeout 10m -v ./test/chaos/... | \
+	CHAOS_DURATION=60s CHAOS_FAULTS="$(CHAOS_SHORT_FAULTS)" $(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 10m -v ./test/chaos/... | \
 	  grep -E '^(=== RUN|--- |PASS|FAIL|ok)|chaos_test.go|^ +(churn|fault) ' ; exit $${PIPESTATUS[0]}
 
-chaos: tools
+chaos: tools test-binaries
 	hack/build-tools.sh $(E2E_TOOLS)
-	CHAOS_DURATION=$(CHAOS_DURATION) $(GO_TEST) $(TEST_FLAGS) -timeout 0 -v -run TestChaos ./test/chaos/... | \
+	CHAOS_DURATION=$(CHAOS_DURATION) $(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 0 -v -run TestChaos ./test/chaos/... | \
 	  grep -E '^(=== RUN|--- |PASS|FAIL|ok)|chaos_test.go|^ +(churn|fault) ' ; exit $${PIPESTATUS[0]}
 
 # Ctrl-C stops it and removes everything; DEMO_DURATION=60s stops it by itself

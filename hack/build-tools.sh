@@ -3,18 +3,22 @@
 # separate Go module in hack/tools, into _output/bin/NAME.
 #
 # Usage: hack/build-tools.sh NAME...
-#   NAME is one of: etcd kube-apiserver kube-controller-manager kubectl csi-attacher csi-mock-driver
+#   NAME is one of: etcd kube-apiserver kube-controller-manager kustomize csi-attacher csi-mock-driver
 #
 # A tool is rebuilt only when its binary is missing or its stamp is stale. The
 # stamp (_output/bin/.NAME.stamp) is the sha256 of hack/tools/go.mod, go.sum and
 # this script, so bumping a version or changing how we build forces a rebuild.
-# For a package inside hack/tools (csi-mock-driver) the stamp also covers its
-# source files.
+# For a package inside hack/tools (csi-mock-driver, kustomize) the stamp also
+# covers its source files.
 #
-# etcd is built in a scratch module (_output/build/etcd) at the version
-# hack/tools pins: k8s.io/kubernetes pulls go.etcd.io/etcd/{api,client}/v3 up to
-# a release whose generated code no longer matches the pinned etcd server, so
-# the server does not compile inside hack/tools itself.
+# The stale tools are built by one `go build` of all their main packages: the
+# packages they share (client-go, apiserver, grpc, ...) compile once, and the
+# compiles and links of different tools run side by side.
+#
+# Builds are serialised with a lock (_output/bin/.build-tools.lock): a second
+# run (.ci/run builds the tools in the background while make verify runs) waits
+# for the first and then finds its tools up to date. Tools already up to date
+# are not waited for.
 set -euo pipefail
 
 script="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
@@ -23,53 +27,36 @@ cd "${repo_root}"
 
 tools_dir="hack/tools"
 bin_dir="${repo_root}/_output/bin"
+all_tools="etcd kube-apiserver kube-controller-manager kustomize csi-attacher csi-mock-driver"
 
+# etcd is built in hack/tools too: its replace directives hold
+# go.etcd.io/etcd/{api,client}/v3 at the server's release (v3.6.8).
 package_for() {
   case "$1" in
     etcd) echo "go.etcd.io/etcd/server/v3" ;;
     kube-apiserver) echo "k8s.io/kubernetes/cmd/kube-apiserver" ;;
     kube-controller-manager) echo "k8s.io/kubernetes/cmd/kube-controller-manager" ;;
-    kubectl) echo "k8s.io/kubernetes/cmd/kubectl" ;;
+    kustomize) echo "./kustomize" ;;
     csi-attacher) echo "github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher" ;;
     csi-mock-driver) echo "./csi-mock-driver" ;;
     *) return 1 ;;
   esac
 }
 
-# Tools that must be built in their own module, from the module path they
-# belong to; the version comes from hack/tools/go.mod.
-isolated_module_for() {
-  case "$1" in
-    etcd) echo "go.etcd.io/etcd/server/v3" ;;
-    *) return 1 ;;
-  esac
-}
-
-build_in_tools_module() {
-  local pkg="$1" out="$2"
-  (cd "${tools_dir}" && go build -trimpath -o "${out}" "${pkg}")
-}
-
-build_in_scratch_module() {
-  local name="$1" pkg="$2" module="$3" out="$4"
-  local version go_version dir log
-  version="$(cd "${tools_dir}" && go list -m -f '{{.Version}}' "${module}")"
-  go_version="$(cd "${tools_dir}" && go list -m -f '{{.GoVersion}}')"
-  dir="${repo_root}/_output/build/${name}"
-  rm -rf "${dir}"
-  mkdir -p "${dir}"
-  printf 'module build.local/%s\n\ngo %s\n' "${name}" "${go_version}" >"${dir}/go.mod"
-  log="${dir}/go-get.log"
-  if ! (cd "${dir}" && go get "${module}@${version}") >"${log}" 2>&1; then
-    cat "${log}" >&2
-    return 1
+# The file name `go build -o DIR/` gives a main package: its last path element,
+# or the one before a major version suffix (go.etcd.io/etcd/server/v3: server).
+output_name() {
+  local pkg="$1" base
+  base="${pkg##*/}"
+  if [[ "${base}" =~ ^v[0-9]+$ ]]; then
+    base="$(basename "$(dirname "${pkg}")")"
   fi
-  (cd "${dir}" && go build -trimpath -o "${out}" "${pkg}")
+  echo "${base}"
 }
 
 usage() {
   echo "usage: $0 NAME..." >&2
-  echo "  NAME: etcd kube-apiserver kube-controller-manager kubectl csi-attacher csi-mock-driver" >&2
+  echo "  NAME: ${all_tools}" >&2
   exit 2
 }
 
@@ -98,56 +85,60 @@ stamp_for() {
   } | sha256sum | cut -d' ' -f1
 }
 
-# What is stale: tools of the tools module are built together, in one go
-# build (their packages compile once, in parallel, and link side by side);
-# etcd in its scratch module.
-together=()
-for name in "$@"; do
-  pkg="$(package_for "${name}")"
-  bin="${bin_dir}/${name}"
-  stamp_file="${bin_dir}/.${name}.stamp"
-  stamp="$(stamp_for "${pkg}")"
+up_to_date() {
+  local name="$1" stamp="$2"
+  [[ -x "${bin_dir}/${name}" && -f "${bin_dir}/.${name}.stamp" && "$(cat "${bin_dir}/.${name}.stamp")" == "${stamp}" ]]
+}
 
-  if [[ -x "${bin}" && -f "${stamp_file}" && "$(cat "${stamp_file}")" == "${stamp}" ]]; then
-    echo "${name}: up to date"
-    continue
-  fi
-  rm -f "${stamp_file}"
-  if module="$(isolated_module_for "${name}")"; then
-    start=${SECONDS}
-    # Build beside the target and rename, so an interrupted build never
-    # leaves a truncated binary that a later run would treat as usable.
-    build_in_scratch_module "${name}" "${pkg}" "${module}" "${bin}.tmp"
-    mv -f "${bin}.tmp" "${bin}"
-    echo "${stamp}" >"${stamp_file}"
-    echo "${name}: built in $((SECONDS - start))s"
-  else
-    together+=("${name}")
-  fi
-done
+# stale_tools prints NAME STAMP for each tool of "$@" that needs a build.
+stale_tools() {
+  local name stamp
+  for name in "$@"; do
+    stamp="$(stamp_for "$(package_for "${name}")")"
+    up_to_date "${name}" "${stamp}" || echo "${name} ${stamp}"
+  done
+}
 
-if [[ ${#together[@]} -gt 0 ]]; then
-  start=${SECONDS}
-  out="${repo_root}/_output/build/tools-$$"
-  rm -rf "${out}"
-  mkdir -p "${out}"
-  pkgs=()
-  for name in "${together[@]}"; do
-    pkgs+=("$(package_for "${name}")")
+report_up_to_date() {
+  local name
+  for name in "$@"; do
+    grep -q "^${name} " <<<"${stale}" || echo "${name}: up to date"
   done
-  if [[ ${#pkgs[@]} -eq 1 ]]; then
-    build_in_tools_module "${pkgs[0]}" "${out}/${together[0]}"
-  else
-    # go build -o DIR names each binary after its package's last element.
-    (cd "${tools_dir}" && go build -trimpath -o "${out}/" "${pkgs[@]}")
+}
+
+stale="$(stale_tools "$@")"
+if [[ -n "${stale}" ]]; then
+  exec 9>"${bin_dir}/.build-tools.lock"
+  if ! flock -n 9; then
+    echo "waiting for another hack/build-tools.sh to finish" >&2
+    flock 9
   fi
-  for name in "${together[@]}"; do
-    pkg="$(package_for "${name}")"
-    built="${out}/$(basename "${pkg}")"
-    [[ -f "${built}" ]] || built="${out}/${name}"
-    mv -f "${built}" "${bin_dir}/${name}"
-    stamp_for "${pkg}" >"${bin_dir}/.${name}.stamp"
-  done
-  rm -rf "${out}"
-  echo "${together[*]}: built together in $((SECONDS - start))s"
+  # Another run may have built some of them meanwhile.
+  stale="$(stale_tools "$@")"
 fi
+report_up_to_date "$@"
+[[ -n "${stale}" ]] || exit 0
+
+names=()
+pkgs=()
+stamps=()
+while read -r name stamp; do
+  names+=("${name}")
+  pkgs+=("$(package_for "${name}")")
+  stamps+=("${stamp}")
+  rm -f "${bin_dir}/.${name}.stamp"
+done <<<"${stale}"
+
+# Build into a scratch directory beside the targets and rename, so that an
+# interrupted build never leaves a truncated binary a later run would use.
+out_dir="$(mktemp -d "${bin_dir}/.build.XXXXXX")"
+trap 'rm -rf "${out_dir}"' EXIT
+start=${SECONDS}
+echo "building ${names[*]}" >&2
+(cd "${tools_dir}" && go build -trimpath -o "${out_dir}/" "${pkgs[@]}")
+for i in "${!names[@]}"; do
+  mv -f "${out_dir}/$(output_name "${pkgs[i]}")" "${bin_dir}/${names[i]}"
+  echo "${stamps[i]}" >"${bin_dir}/.${names[i]}.stamp.tmp"
+  mv -f "${bin_dir}/.${names[i]}.stamp.tmp" "${bin_dir}/.${names[i]}.stamp"
+done
+echo "${names[*]}: built in $((SECONDS - start))s"

@@ -19,12 +19,19 @@ mkdir -p "$(dirname "${out}")"
 if [[ -x "${out}" ]]; then
   exit 0
 fi
+# One install at a time (.ci/run runs make tools in the background while make
+# test may run it too); the second finds the first one's promtool.
+exec 9>"$(dirname "${out}")/.install-promtool.lock"
+flock 9
+if [[ -x "${out}" ]]; then
+  exit 0
+fi
 if [[ -n "${PROMTOOL:-}" ]]; then
-  cp "${PROMTOOL}" "${out}"
+  cp "${PROMTOOL}" "${out}.tmp" && mv -f "${out}.tmp" "${out}"
   exit 0
 fi
 if command -v promtool >/dev/null; then
-  cp "$(command -v promtool)" "${out}"
+  cp "$(command -v promtool)" "${out}.tmp" && mv -f "${out}.tmp" "${out}"
   exit 0
 fi
 if command -v apt-get >/dev/null && [[ "$(id -u)" -eq 0 ]]; then
@@ -32,7 +39,7 @@ if command -v apt-get >/dev/null && [[ "$(id -u)" -eq 0 ]]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null
   apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  cp /usr/bin/promtool "${out}"
+  cp /usr/bin/promtool "${out}.tmp" && mv -f "${out}.tmp" "${out}"
   exit 0
 fi
 echo "promtool not found: install Prometheus' promtool (Debian/Ubuntu: apt-get install prometheus), or set PROMTOOL=path" >&2

@@ -2,8 +2,9 @@
 
 // Package tools pins the binaries the tests and benchmarks run against: a real
 // kube-apiserver, etcd and kube-controller-manager, all built from source, the
-// CSI external-attacher that turns VolumeAttachments into ControllerPublish calls,
-// and kubectl, which renders the kustomize manifests and dry-runs them.
+// CSI external-attacher that turns VolumeAttachments into ControllerPublish calls.
+// ./kustomize renders the manifests as kubectl kustomize would, and
+// ./csi-mock-driver is the CSI driver of the end-to-end tests.
 package tools
 
 import (
@@ -11,5 +12,4 @@ import (
 	_ "go.etcd.io/etcd/server/v3"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kubectl"
 )

@@ -17,8 +17,41 @@ import (
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func FreePort() (int, error) { return freePort() }
 
-// BuildController builds the controller binary into dir and returns its path.
+// Environment variables naming binaries built once for a whole test run (the
+// Makefile sets them to its builds in _output/bin), so that each test package
+// does not build and link its own copy. Unset, the tests build from source.
+const (
+	ControllerBinaryEnv = "ADC_CONTROLLER_BINARY"
+	KubeletsimBinaryEnv = "ADC_KUBELETSIM_BINARY"
+)
+
+// PrebuiltBinary returns the binary that the environment variable env names,
+// or "" if it is unset.
+func PrebuiltBinary(env string) (string, error) {
+	p := os.Getenv(env)
+	if p == "" {
+		return "", nil
+	}
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", fmt.Errorf("%s=%s: %w", env, p, err)
+	}
+	info, err := os.Stat(abs)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", env, err)
+	}
+	if info.IsDir() || info.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("%s=%s is not an executable file", env, p)
+	}
+	return abs, nil
+}
+
+// BuildController builds the controller binary into dir and returns its path;
+// if $ADC_CONTROLLER_BINARY is set, it returns that binary instead.
 func BuildController(dir string) (string, error) {
+	if bin, err := PrebuiltBinary(ControllerBinaryEnv); bin != "" || err != nil {
+		return bin, err
+	}
 	root, err := ModuleRoot()
 	if err != nil {
 		return "", err

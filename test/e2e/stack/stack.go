@@ -286,25 +286,37 @@ func (o Options) binDir() (string, error) {
 }
 
 // Build builds the controller and kubeletsim from the module's source into
-// dir, and returns Options using them.
+// dir, and returns Options using them. A binary named by $ADC_CONTROLLER_BINARY
+// or $ADC_KUBELETSIM_BINARY (framework.ControllerBinaryEnv, KubeletsimBinaryEnv)
+// is used as it is.
 func Build(ctx context.Context, dir string) (Options, error) {
 	root, err := framework.ModuleRoot()
 	if err != nil {
 		return Options{}, err
 	}
-	opts := Options{
-		ControllerBinary: filepath.Join(dir, ControllerBinary),
-		KubeletsimBinary: filepath.Join(dir, KubeletsimBinary),
-	}
-	for bin, pkg := range map[string]string{
-		opts.ControllerBinary: "./cmd/attach-detach-controller",
-		opts.KubeletsimBinary: "./test/kubeletsim",
+	var opts Options
+	for _, b := range []struct {
+		path *string
+		env  string
+		name string
+		pkg  string
+	}{
+		{&opts.ControllerBinary, framework.ControllerBinaryEnv, ControllerBinary, "./cmd/attach-detach-controller"},
+		{&opts.KubeletsimBinary, framework.KubeletsimBinaryEnv, KubeletsimBinary, "./test/kubeletsim"},
 	} {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return Options{}, fmt.Errorf("go build %s: %w: %s", pkg, err, out)
+		bin, err := framework.PrebuiltBinary(b.env)
+		if err != nil {
+			return Options{}, err
 		}
+		if bin == "" {
+			bin = filepath.Join(dir, b.name)
+			cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, b.pkg)
+			cmd.Dir = root
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return Options{}, fmt.Errorf("go build %s: %w: %s", b.pkg, err, out)
+			}
+		}
+		*b.path = bin
 	}
 	return opts, nil
 }

@@ -1,7 +1,8 @@
 // Package deploy checks what operators deploy, against a real kube-apiserver:
 //
-//   - manifests/ renders with kubectl kustomize and the API server accepts the
-//     render (server-side dry-run), overlay included;
+//   - manifests/ renders with kustomize (the build kubectl kustomize runs) and
+//     the API server accepts the render (server-side dry-run), overlay
+//     included;
 //   - the controller binary, run with the Deployment's own arguments and the
 //     ClusterRole's service account token, attaches and detaches, and the API
 //     server's audit log shows every granted verb used and none refused;
@@ -12,8 +13,8 @@
 //     attachdetach controller attaches, is stopped, this controller takes
 //     over, and back, with no VolumeAttachment deleted.
 //
-// It needs, in _output/bin (or $ADC_BIN_DIR): etcd, kube-apiserver, kubectl and
-// kube-controller-manager, built by hack/build-tools.sh.
+// It needs, in _output/bin (or $ADC_BIN_DIR): etcd, kube-apiserver, kustomize
+// and kube-controller-manager, built by hack/build-tools.sh.
 package deploy
 
 import (
@@ -29,7 +30,7 @@ var (
 	cluster *framework.Cluster
 	// binary is the controller, built for this run.
 	binary string
-	// tools holds kubectl and kube-controller-manager.
+	// tools holds kustomize and kube-controller-manager.
 	tools toolPaths
 	// auditLog is the API server's audit log of the controller's service
 	// account (see auditPolicy).
@@ -39,7 +40,7 @@ var (
 )
 
 type toolPaths struct {
-	kubectl               string
+	kustomize             string
 	kubeControllerManager string
 }
 
@@ -68,7 +69,7 @@ func run(m *testing.M) int {
 	if binDir == "" {
 		binDir = filepath.Join(repoRoot, "_output", "bin")
 	}
-	for path, name := range map[*string]string{&tools.kubectl: "kubectl", &tools.kubeControllerManager: "kube-controller-manager"} {
+	for path, name := range map[*string]string{&tools.kustomize: "kustomize", &tools.kubeControllerManager: "kube-controller-manager"} {
 		p := filepath.Join(binDir, name)
 		if info, err := os.Stat(p); err != nil || info.Mode()&0o111 == 0 {
 			fmt.Fprintf(os.Stderr, "%s: not an executable (build it with hack/build-tools.sh %s)\n", p, name)

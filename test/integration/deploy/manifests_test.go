@@ -3,7 +3,6 @@ package deploy
 import (
 	"bytes"
 	"k8s.io/klog/v2"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -284,7 +283,7 @@ func TestServerSideDryRun(t *testing.T) {
 			}
 			writeDoc(t, &broken, o)
 		}
-		if out, err := kubectlApply(broken.Bytes(), "--dry-run=server"); err == nil {
+		if out, err := serverSideApply(broken.Bytes(), true); err == nil {
 			t.Fatalf("dry-run accepted a PodDisruptionBudget with minAvailable and maxUnavailable:\n%s", out)
 		} else if !strings.Contains(out, "maxUnavailable") {
 			t.Fatalf("dry-run refused the render for another reason: %s", out)
@@ -318,12 +317,11 @@ func TestOverlayServerSideDryRun(t *testing.T) {
 	if len(svc.GetAnnotations()) != 0 {
 		t.Errorf("overlay Service keeps the scrape annotations %v: Prometheus would scrape it twice", svc.GetAnnotations())
 	}
-	if o, err := kubectlApply([]byte(monitoringCRDs), "--server-side"); err != nil {
+	if o, err := serverSideApply([]byte(monitoringCRDs), false); err != nil {
 		t.Fatalf("install stand-in monitoring CRDs: %v\n%s", err, o)
 	}
-	if o, err := kubectl("wait", "--for=condition=Established", "--timeout=60s",
-		"crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com"); err != nil {
-		t.Fatalf("wait for stand-in CRDs: %v\n%s", err, o)
+	if err := waitEstablished("servicemonitors.monitoring.coreos.com", "prometheusrules.monitoring.coreos.com"); err != nil {
+		t.Fatalf("wait for stand-in CRDs: %v", err)
 	}
 	applied := dryRunApply(t, out)
 	for _, kind := range []string{"servicemonitor.monitoring.coreos.com/", "prometheusrule.monitoring.coreos.com/"} {
@@ -377,32 +375,16 @@ spec:
             spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
 `
 
-// dryRunApply server-side applies manifests with --dry-run=server and
+// dryRunApply server-side applies manifests with a server dry-run and
 // returns kubectl's lines ("kind.group/name serverside-applied (server dry
 // run)").
 func dryRunApply(t *testing.T, manifests []byte) []string {
 	t.Helper()
-	out, err := kubectlApply(manifests, "--dry-run=server")
+	out, err := serverSideApply(manifests, true)
 	if err != nil {
 		t.Fatalf("server-side dry-run: %v\n%s", err, out)
 	}
 	return strings.Split(strings.TrimSpace(out), "\n")
-}
-
-func kubectlApply(manifests []byte, flags ...string) (string, error) {
-	args := append([]string{"apply", "--server-side", "--field-manager=adc-deploy-test", "-f", "-"}, flags...)
-	return kubectlStdin(manifests, args...)
-}
-
-func kubectl(args ...string) (string, error) { return kubectlStdin(nil, args...) }
-
-func kubectlStdin(stdin []byte, args ...string) (string, error) {
-	cmd := exec.Command(tools.kubectl, append([]string{"--kubeconfig", cluster.Kubeconfig}, args...)...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	out, err := cmd.CombinedOutput()
-	return string(out), err
 }
 
 func writeDoc(t *testing.T, w *bytes.Buffer, o *unstructured.Unstructured) {

@@ -271,10 +271,10 @@ func installCSINodeInfoCRD(t *testing.T, r *rendered) {
 			doc.WriteString("\n")
 		}
 	}
-	if out, err := kubectlApply([]byte(doc.String())); err != nil {
+	if out, err := serverSideApply([]byte(doc.String()), false); err != nil {
 		t.Fatalf("install CRD: %v\n%s", err, out)
 	}
-	if out, err := kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/csinodeinfos.csi.storage.k8s.io"); err != nil {
-		t.Fatalf("wait for the CSINodeInfo CRD: %v\n%s", err, out)
+	if err := waitEstablished("csinodeinfos.csi.storage.k8s.io"); err != nil {
+		t.Fatalf("wait for the CSINodeInfo CRD: %v", err)
 	}
 }

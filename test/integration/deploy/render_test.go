@@ -23,23 +23,23 @@ const (
 	overlayKustomization = "manifests/overlays/prometheus-operator"
 )
 
-// render runs kubectl kustomize on a directory of the repository and returns
-// the output and its objects.
+// render runs kustomize build (what kubectl kustomize runs) on a directory of
+// the repository and returns the output and its objects.
 func render(t *testing.T, dir string) ([]byte, []*unstructured.Unstructured) {
 	t.Helper()
-	cmd := exec.Command(tools.kubectl, "kustomize", filepath.Join(repoRoot, dir))
+	cmd := exec.Command(tools.kustomize, "build", filepath.Join(repoRoot, dir))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("kubectl kustomize %s: %v: %s", dir, err, stderr.String())
+		t.Fatalf("kustomize build %s: %v: %s", dir, err, stderr.String())
 	}
 	objs, err := decodeObjects(out)
 	if err != nil {
 		t.Fatalf("decode render of %s: %v", dir, err)
 	}
 	if len(objs) == 0 {
-		t.Fatalf("kubectl kustomize %s rendered nothing", dir)
+		t.Fatalf("kustomize build %s rendered nothing", dir)
 	}
 	return out, objs
 }
