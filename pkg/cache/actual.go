@@ -108,6 +108,9 @@ type ActualState struct {
 	byPlugin    map[string]int
 	byState     map[State]int
 	unconfirmed map[Key]*Attachment
+	// handingOver: the controller is stopping gracefully (handoff.go); no
+	// detach starts any more.
+	handingOver bool
 }
 
 type nodeEntry struct {
@@ -421,7 +424,7 @@ func (a *ActualState) BeginReport(node string) (want []v1.AttachedVolume, change
 		return nil, false
 	}
 	for _, at := range n.attachments {
-		report := at.State == Attached && !at.Withdrawn
+		report := reportLocked(at, a.handingOver)
 		if report {
 			want = append(want, v1.AttachedVolume{Name: v1.UniqueVolumeName(at.Volume), DevicePath: at.DevicePath})
 		}
@@ -488,7 +491,8 @@ func (a *ActualState) ReportPending(k Key) bool {
 
 // BeginDetach marks the detach of the volume at k as started, unless
 // node.status may still list it (it was reported, or a write of the node's
-// status is under way): then it returns false and changes nothing. Once
+// status is under way) or the controller is handing over (handoff.go): then
+// it returns false and changes nothing. Once
 // started, the volume is out of every later report. Checking and marking
 // under one lock keeps a report from taking the volume in between.
 func (a *ActualState) BeginDetach(k Key, now time.Time) bool {
@@ -496,7 +500,7 @@ func (a *ActualState) BeginDetach(k Key, now time.Time) bool {
 	defer a.mu.Unlock()
 	n := a.nodes[k.Node]
 	at := a.volumes[k.Volume][k.Node]
-	if at == nil {
+	if at == nil || a.handingOver {
 		return false
 	}
 	if at.Reported || (n != nil && n.writing) {

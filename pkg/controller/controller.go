@@ -67,6 +67,9 @@ type Config struct {
 	// SyncPeriod is the period of the sync that compares attached volumes
 	// with their VolumeAttachments; zero disables it.
 	SyncPeriod time.Duration
+	// HandoffTimeout bounds the handoff of a graceful stop (RunGraceful,
+	// handoff.go); zero: stop without one.
+	HandoffTimeout time.Duration
 	// RateLimiter returns the per-key retry policy of a queue.
 	RateLimiter func() workqueue.TypedRateLimiter[cache.Key]
 	// NodeRateLimiter is the retry policy of the string-keyed queues.
@@ -329,14 +332,40 @@ func (c *Controller) newQueues() error {
 // ctx is cancelled; onReady is called once the state is rebuilt. It returns
 // once every worker has stopped.
 func (c *Controller) Run(ctx context.Context, onReady func()) error {
+	return c.RunGraceful(ctx, nil, onReady)
+}
+
+// RunGraceful is Run with a graceful stop: once stop (when not nil) is done,
+// the controller hands its volumes over (handoff.go) for at most
+// Config.HandoffTimeout, then returns. ctx still stops it at once: it is
+// cancelled when the controller may no longer act (its Lease is lost).
+func (c *Controller) RunGraceful(ctx, stop context.Context, onReady func()) error {
 	logger := klog.FromContext(ctx)
+	var stopped <-chan struct{}
+	if stop != nil {
+		stopped = stop.Done()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	defer c.shutdownQueues()
+	// Before the workers start, a graceful stop has nothing to hand over.
+	early, cancelEarly := context.WithCancel(ctx)
+	defer cancelEarly()
+	if stop != nil {
+		defer context.AfterFunc(stop, cancelEarly)()
+	}
 	if c.informers.start != nil {
 		c.informers.start(ctx.Done())
-		defer c.informers.shutdown()
+		defer func() {
+			cancel()
+			c.informers.shutdown()
+		}()
 	}
 	logger.Info("Waiting for informer caches")
-	if !toolscache.WaitForCacheSync(ctx.Done(), c.synced...) {
+	if !toolscache.WaitForCacheSync(early.Done(), c.synced...) {
+		if ctx.Err() == nil {
+			return nil
+		}
 		return fmt.Errorf("informer caches did not sync: %w", ctx.Err())
 	}
 	if c.nodeInfos != nil {
@@ -367,8 +396,13 @@ func (c *Controller) Run(ctx context.Context, onReady func()) error {
 	if onReady != nil {
 		onReady()
 	}
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case <-stopped:
+		c.handOver(ctx)
+	}
 	c.shutdownQueues()
+	cancel()
 	wg.Wait()
 	logger.Info("Stopped")
 	return nil

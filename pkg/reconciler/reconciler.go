@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -108,7 +109,18 @@ type Reconciler struct {
 	told map[cache.Key]map[string]string
 
 	locks volumeLocks
+
+	// handingOver: the controller is stopping gracefully; no operation
+	// starts (HandOver).
+	handingOver atomic.Bool
 }
+
+// HandOver stops the reconciler from starting operations: Sync still
+// decides, and still settles keys that need no operation (putting a volume
+// wanted again back in its node's report), but attaches, withdraws and
+// detaches wait for the successor. Attaches and detaches already started
+// finish through the actual state, which the informers keep updating.
+func (r *Reconciler) HandOver() { r.handingOver.Store(true) }
 
 // New returns a Reconciler. mechanisms maps each volume kind to the
 // mechanism that attaches it.
@@ -171,6 +183,10 @@ func (r *Reconciler) Sync(ctx context.Context, k cache.Key) (res Result, err err
 func (r *Reconciler) act(ctx context.Context, d Decision, now time.Time, again bool) (Result, error) {
 	logger := klog.FromContext(ctx)
 	k := d.Key
+	if d.Action != Nothing && r.handingOver.Load() {
+		logger.V(2).Info("Handing over: left to the next controller", "action", d.Action, "reason", d.Reason)
+		return Result{}, nil
+	}
 	switch d.Action {
 	case Nothing:
 		return r.settle(d), nil

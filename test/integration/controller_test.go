@@ -28,6 +28,9 @@ func (e *env) startController(configure func(*app.Options)) *controllerProc {
 	o.Kubeconfig = cluster.Kubeconfig
 	o.LeaderElection.LeaderElect = false
 	o.QPS, o.Burst = 100, 200
+	// Tests stop the controller with attaches failing on purpose: a short
+	// handoff keeps their stops quick. handoff_test.go sets its own.
+	o.HandoffTimeout = 2 * time.Second
 	if configure != nil {
 		configure(o)
 	}

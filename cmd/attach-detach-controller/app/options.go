@@ -37,6 +37,8 @@ type Options struct {
 	MaxWaitForUnmount           time.Duration
 	Workers                     int
 	OtherWriterCheckPeriod      time.Duration
+	// HandoffTimeout bounds the handoff on SIGTERM (pkg/cache/handoff.go).
+	HandoffTimeout time.Duration
 	// CSIMigration is the CSI migration policy (migration.Policies).
 	CSIMigration string
 	// MaxWaitForUnmountDeletedNode is the wait on a node whose Node object
@@ -68,6 +70,7 @@ func NewOptions() *Options {
 		Workers:                10,
 		OtherWriterCheckPeriod: time.Minute,
 		CSIMigration:           migration.PolicyPerNode,
+		HandoffTimeout:         15 * time.Second,
 	}
 }
 
@@ -99,6 +102,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Who decides whether an in-tree volume (awsElasticBlockStore, gcePersistentDisk, ...) is attached through its CSI driver: "+
 			"\"per-node\": each node's CSINode, else its CSINodeInfo; a node that has said nothing yet makes the volume wait. "+
 			"\"completed\": as kube-controller-manager v1.36, the plugins whose migration upstream declares complete (all but portworx-volume) use CSI on every node without reading CSINode.")
+	fs.DurationVar(&o.HandoffTimeout, "handoff-timeout", o.HandoffTimeout,
+		"On SIGTERM, how long the controller (still holding its Lease) waits for the attaches and detaches under way to finish, "+
+			"starting none, and lists in node status every volume attached, before it exits: the next controller "+
+			"(a standby, or kube-controller-manager after a rollback) then finds no VolumeAttachment it could take for unattached. "+
+			"0: exit at once. Keep it below the pod's terminationGracePeriodSeconds.")
 	fs.BoolVar(&o.ShowVersion, "version", false, "Print the version and exit.")
 }
 
@@ -122,6 +130,9 @@ func (o *Options) Validate(gate featuregate.FeatureGate) error {
 	}
 	if o.OtherWriterCheckPeriod != 0 && o.OtherWriterCheckPeriod < time.Second {
 		errs = append(errs, fmt.Errorf("--other-writer-check-period must be 0 or at least 1s, got %s", o.OtherWriterCheckPeriod))
+	}
+	if o.HandoffTimeout < 0 || o.HandoffTimeout > 10*time.Minute {
+		errs = append(errs, fmt.Errorf("--handoff-timeout must be between 0 and 10m, got %s", o.HandoffTimeout))
 	}
 	if _, err := migration.CompletedMigrations(o.CSIMigration); err != nil {
 		errs = append(errs, fmt.Errorf("--csi-migration must be one of %s, got %q", strings.Join(migration.Policies(), ", "), o.CSIMigration))

@@ -117,7 +117,11 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 	}
 	defer stopHTTP()
 
-	runController := func(ctx context.Context) error {
+	// ctx cancelled (SIGTERM) is a graceful stop: the controller hands its
+	// volumes over, still holding the Lease, before it returns. Its own
+	// context (runCtx) ends it at once: when the Lease is lost.
+	runController := func(runCtx, stop context.Context) error {
+		ctx := runCtx
 		g, err := newGuard(o, reg)
 		if err != nil {
 			return err
@@ -135,10 +139,10 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 			stopGuard := runGuard(ctx, g)
 			defer stopGuard()
 		}
-		return c.Run(ctx, &ready)
+		return c.Run(ctx, stop, &ready)
 	}
 	if !o.LeaderElection.LeaderElect {
-		return runController(ctx)
+		return runController(context.WithoutCancel(ctx), ctx)
 	}
 	return runLeading(ctx, o, config, healthz, runController)
 }
@@ -198,9 +202,9 @@ type controllerRun struct {
 	broadcaster record.EventBroadcaster
 }
 
-func (r *controllerRun) Run(ctx context.Context, ready *atomic.Bool) error {
+func (r *controllerRun) Run(ctx, stop context.Context, ready *atomic.Bool) error {
 	defer r.broadcaster.Shutdown()
-	return r.c.Run(ctx, func() { ready.Store(true) })
+	return r.c.RunGraceful(ctx, stop, func() { ready.Store(true) })
 }
 
 func newController(ctx context.Context, o *Options, config *rest.Config, client kubernetes.Interface, reg prometheus.Registerer,
@@ -250,6 +254,9 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 		Workers:       o.Workers,
 		StatusWorkers: statusWorkers,
 		SyncPeriod:    syncPeriod(o),
+		// With a graceful stop (stop done, ctx not), the controller hands
+		// its volumes over for up to this long.
+		HandoffTimeout: o.HandoffTimeout,
 		RateLimiter: func() workqueue.TypedRateLimiter[cache.Key] {
 			return workqueue.NewTypedItemExponentialFailureRateLimiter[cache.Key](retryBase, retryMax)
 		},
@@ -275,7 +282,7 @@ func syncPeriod(o *Options) time.Duration {
 // cancellation the controller stops first, then the lease is released, so
 // a successor never overlaps with a controller still acting.
 func runLeading(ctx context.Context, o *Options, config *rest.Config, healthz *leaderelection.HealthzAdaptor,
-	run func(context.Context) error) error {
+	run func(runCtx, stop context.Context) error) error {
 	logger := klog.FromContext(ctx)
 	// A separate client, so that controller traffic can't starve renewals.
 	leClient, err := kubernetes.NewForConfig(rest.AddUserAgent(config, "attach-detach-controller-leader-election"))
@@ -319,7 +326,9 @@ func runLeading(ctx context.Context, o *Options, config *rest.Config, healthz *l
 				defer close(runDone)
 				leading.Store(true)
 				logger.Info("Became leader", "identity", id)
-				runCtx, cancel := context.WithCancel(ctx)
+				// Not cancelled by ctx: a graceful stop (ctx done) hands the
+				// volumes over while the Lease is still renewed.
+				runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 				go func() {
 					select {
 					case <-leCtx.Done():
@@ -327,7 +336,7 @@ func runLeading(ctx context.Context, o *Options, config *rest.Config, healthz *l
 					}
 					cancel()
 				}()
-				runErr = run(runCtx)
+				runErr = run(runCtx, ctx)
 				if ctx.Err() == nil && leCtx.Err() != nil {
 					// The Lease could not be renewed: another replica may lead
 					// now. Exit non-zero at once, as kube-controller-manager

@@ -1,0 +1,85 @@
+package cache
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// A graceful stop hands the volumes over to whichever controller runs next:
+// another replica, kube-controller-manager after a rollback, or this one
+// after an upgrade. What the successor trusts is node.status.volumesAttached:
+// kube-controller-manager rebuilds its attached volumes from it and treats a
+// VolumeAttachment it does not list as uncertain, which does not hold a
+// ReadWriteOnce volume on its node, so it would attach that volume to a
+// second node. The handoff therefore leaves every VolumeAttachment either
+// attached and listed in its node's status, or gone: it starts no detach,
+// lists again what was withdrawn for a detach that has not started, and
+// waits for the attaches and detaches under way to finish.
+
+// HandOver freezes the record for a handoff: from now on no detach starts
+// (BeginDetach refuses) and the node reports list again the attached volumes
+// that were withdrawn for a detach that has not started. It returns the
+// nodes whose report must be written again.
+func (a *ActualState) HandOver() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.handingOver = true
+	var nodes []string
+	for name, n := range a.nodes {
+		for _, at := range n.attachments {
+			if at.State == Attached && reportLocked(at, true) != at.Reported {
+				nodes = append(nodes, name)
+				break
+			}
+		}
+	}
+	slices.Sort(nodes)
+	return nodes
+}
+
+// reportLocked says whether the node report lists at: an attached volume not
+// withdrawn for a detach or, during a handoff, one whose detach has not
+// started.
+func reportLocked(at *Attachment, handingOver bool) bool {
+	if at.State != Attached {
+		return false
+	}
+	return !at.Withdrawn || (handingOver && at.DetachStarted.IsZero())
+}
+
+// Unsettled lists what a successor would find ambiguous (at most limit
+// entries, sorted) and how many there are in all: attaches and detaches under
+// way, and attached volumes that their node's status does not list yet (or
+// whose write is in flight). Volumes of nodes whose Node object is gone are
+// left out: no status can list them.
+func (a *ActualState) Unsettled(limit int) (count int, sample []string) {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	for name, n := range a.nodes {
+		for v, at := range n.attachments {
+			var why string
+			switch {
+			case at.State == Uncertain:
+				why = "attach under way"
+			case at.State == Detaching || !at.DetachStarted.IsZero():
+				why = "detach under way"
+			case !n.info.Exists:
+				continue
+			case !at.Reported:
+				why = "not yet listed in node status"
+			case n.writing || n.dirty:
+				why = "node status write under way"
+			default:
+				continue
+			}
+			count++
+			sample = append(sample, fmt.Sprintf("%s on %s: %s", v, name, why))
+		}
+	}
+	slices.SortFunc(sample, strings.Compare)
+	if len(sample) > limit {
+		sample = sample[:limit]
+	}
+	return count, sample
+}

@@ -1,0 +1,84 @@
+package cache
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+func TestHandOver(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	kA, kB, kC, kD := k(volA, "n1"), k(volB, "n1"), k(volC, "n2"), k(volD, "n2")
+	a := NewActualState()
+	a.SetNode("n1", NodeInfo{ResourceVersion: "1"})
+	a.SetNode("n2", NodeInfo{ResourceVersion: "1"})
+	// A: attached and reported. B: withdrawn for a detach that has not
+	// started. C: its detach started (VolumeAttachment deleted). D: an
+	// attach under way.
+	a.Update(kA, true, set(Attachment{State: Attached, Reported: true}))
+	a.Update(kB, true, set(Attachment{State: Attached, Withdrawn: true, DetachWanted: t0}))
+	a.Update(kC, true, set(Attachment{State: Attached, Withdrawn: true, DetachStarted: t0}))
+	a.Update(kD, true, set(Attachment{State: Uncertain, AttachStarted: t0}))
+
+	if want, _ := a.BeginReport("n1"); !reflect.DeepEqual(want, []v1.AttachedVolume{av(volA, "")}) {
+		t.Fatalf("before the handoff, n1's report = %v, want only %s", want, volA)
+	}
+	a.EndReport("n1", []v1.AttachedVolume{av(volA, "")}, true)
+
+	if got := a.HandOver(); !reflect.DeepEqual(got, []string{"n1"}) {
+		t.Errorf("HandOver() nodes to write = %v, want [n1] (B is listed again; C's detach started)", got)
+	}
+	if a.BeginDetach(kA, t0) {
+		t.Error("BeginDetach during a handoff = true, want false: no detach starts")
+	}
+	want, changed := a.BeginReport("n1")
+	if !changed || !reflect.DeepEqual(want, []v1.AttachedVolume{av(volA, ""), av(volB, "")}) {
+		t.Errorf("n1's report during the handoff = %v (changed %v), want %s and %s", want, changed, volA, volB)
+	}
+	if want, _ := a.BeginReport("n2"); len(want) != 0 {
+		t.Errorf("n2's report during the handoff = %v, want nothing: C's detach started, D is not attached", want)
+	}
+	a.EndReport("n2", nil, true)
+
+	n, sample := a.Unsettled(10)
+	wantSample := []string{
+		string(volA) + " on n1: node status write under way",
+		string(volB) + " on n1: not yet listed in node status",
+		string(volC) + " on n2: detach under way",
+		string(volD) + " on n2: attach under way",
+	}
+	if n != 4 || !reflect.DeepEqual(sample, wantSample) {
+		t.Errorf("Unsettled() = %d %q, want 4 %q", n, sample, wantSample)
+	}
+	if n, sample := a.Unsettled(1); n != 4 || len(sample) != 1 {
+		t.Errorf("Unsettled(1) = %d %q, want 4 and one entry", n, sample)
+	}
+
+	// The write lands; C's VolumeAttachment goes away; D is attached and
+	// listed.
+	a.EndReport("n1", want, true)
+	a.Delete(kC)
+	a.Update(kD, false, func(at *Attachment) { at.State = Attached })
+	if n, sample := a.Unsettled(10); n != 1 || sample[0] != string(volD)+" on n2: not yet listed in node status" {
+		t.Errorf("Unsettled() = %d %q, want D not yet listed", n, sample)
+	}
+	want, _ = a.BeginReport("n2")
+	a.EndReport("n2", want, true)
+	if n, sample := a.Unsettled(10); n != 0 {
+		t.Errorf("Unsettled() after every write = %d %q, want 0", n, sample)
+	}
+}
+
+func TestUnsettledLeavesOutDeletedNodes(t *testing.T) {
+	a := NewActualState()
+	a.Update(k(volA, "gone"), true, set(Attachment{State: Attached}))
+	if n, sample := a.Unsettled(10); n != 0 {
+		t.Errorf("Unsettled() = %d %q, want 0: no status lists volumes of a node without a Node object", n, sample)
+	}
+	a.Update(k(volB, "gone"), true, set(Attachment{State: Detaching}))
+	if n, _ := a.Unsettled(10); n != 1 {
+		t.Errorf("Unsettled() = %d, want 1: a detach under way on a deleted node is still under way", n)
+	}
+}
