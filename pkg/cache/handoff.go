@@ -20,15 +20,30 @@ import (
 // HandOver freezes the record for a handoff: from now on no detach starts
 // (BeginDetach refuses) and the node reports list again the attached volumes
 // that were withdrawn for a detach that has not started. It returns the
-// nodes whose report must be written again.
+// nodes whose report must be written (again): those whose report changes,
+// and those with a write in flight, which may have been computed before the
+// freeze.
 func (a *ActualState) HandOver() []string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.handingOver = true
+	return a.toWriteLocked()
+}
+
+// toWriteLocked lists the nodes, sorted, whose report differs from what the
+// controller last wrote, or is being written.
+func (a *ActualState) toWriteLocked() []string {
 	var nodes []string
 	for name, n := range a.nodes {
+		if !n.info.Exists {
+			continue
+		}
+		if n.writing || n.dirty {
+			nodes = append(nodes, name)
+			continue
+		}
 		for _, at := range n.attachments {
-			if at.State == Attached && reportLocked(at, true) != at.Reported {
+			if reportLocked(at, a.handingOver) != at.Reported {
 				nodes = append(nodes, name)
 				break
 			}
@@ -52,8 +67,9 @@ func reportLocked(at *Attachment, handingOver bool) bool {
 // entries, sorted) and how many there are in all: attaches and detaches under
 // way, and attached volumes that their node's status does not list yet (or
 // whose write is in flight). Volumes of nodes whose Node object is gone are
-// left out: no status can list them.
-func (a *ActualState) Unsettled(limit int) (count int, sample []string) {
+// left out: no status can list them. toWrite are the nodes whose report must
+// still be written, for the caller to make sure a write is queued.
+func (a *ActualState) Unsettled(limit int) (count int, sample, toWrite []string) {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	for name, n := range a.nodes {
@@ -81,5 +97,5 @@ func (a *ActualState) Unsettled(limit int) (count int, sample []string) {
 	if len(sample) > limit {
 		sample = sample[:limit]
 	}
-	return count, sample
+	return count, sample, a.toWriteLocked()
 }

@@ -42,7 +42,7 @@ func TestHandOver(t *testing.T) {
 	}
 	a.EndReport("n2", nil, true)
 
-	n, sample := a.Unsettled(10)
+	n, sample, toWrite := a.Unsettled(10)
 	wantSample := []string{
 		string(volA) + " on n1: node status write under way",
 		string(volB) + " on n1: not yet listed in node status",
@@ -52,7 +52,10 @@ func TestHandOver(t *testing.T) {
 	if n != 4 || !reflect.DeepEqual(sample, wantSample) {
 		t.Errorf("Unsettled() = %d %q, want 4 %q", n, sample, wantSample)
 	}
-	if n, sample := a.Unsettled(1); n != 4 || len(sample) != 1 {
+	if !reflect.DeepEqual(toWrite, []string{"n1"}) {
+		t.Errorf("Unsettled() nodes to write = %v, want [n1] (its write is in flight)", toWrite)
+	}
+	if n, sample, _ := a.Unsettled(1); n != 4 || len(sample) != 1 {
 		t.Errorf("Unsettled(1) = %d %q, want 4 and one entry", n, sample)
 	}
 
@@ -61,24 +64,49 @@ func TestHandOver(t *testing.T) {
 	a.EndReport("n1", want, true)
 	a.Delete(kC)
 	a.Update(kD, false, func(at *Attachment) { at.State = Attached })
-	if n, sample := a.Unsettled(10); n != 1 || sample[0] != string(volD)+" on n2: not yet listed in node status" {
+	if n, sample, _ := a.Unsettled(10); n != 1 || sample[0] != string(volD)+" on n2: not yet listed in node status" {
 		t.Errorf("Unsettled() = %d %q, want D not yet listed", n, sample)
 	}
 	want, _ = a.BeginReport("n2")
 	a.EndReport("n2", want, true)
-	if n, sample := a.Unsettled(10); n != 0 {
-		t.Errorf("Unsettled() after every write = %d %q, want 0", n, sample)
+	if n, sample, toWrite := a.Unsettled(10); n != 0 || len(toWrite) != 0 {
+		t.Errorf("Unsettled() after every write = %d %q %v, want 0 and no node to write", n, sample, toWrite)
 	}
 }
 
 func TestUnsettledLeavesOutDeletedNodes(t *testing.T) {
 	a := NewActualState()
 	a.Update(k(volA, "gone"), true, set(Attachment{State: Attached}))
-	if n, sample := a.Unsettled(10); n != 0 {
+	if n, sample, _ := a.Unsettled(10); n != 0 {
 		t.Errorf("Unsettled() = %d %q, want 0: no status lists volumes of a node without a Node object", n, sample)
 	}
 	a.Update(k(volB, "gone"), true, set(Attachment{State: Detaching}))
-	if n, _ := a.Unsettled(10); n != 1 {
+	if n, _, _ := a.Unsettled(10); n != 1 {
 		t.Errorf("Unsettled() = %d, want 1: a detach under way on a deleted node is still under way", n)
+	}
+}
+
+// A write computed before the freeze, without a withdrawn volume, may land
+// after it: the node's report is due again, although no flag differs at the
+// moment of the freeze.
+func TestHandOverDuringAWrite(t *testing.T) {
+	kA := k(volA, "n1")
+	a := NewActualState()
+	a.SetNode("n1", NodeInfo{ResourceVersion: "1"})
+	a.Update(kA, true, set(Attachment{State: Attached, Reported: true}))
+	a.Update(kA, false, func(at *Attachment) { at.Withdrawn = true })
+	written, changed := a.BeginReport("n1")
+	if !changed || len(written) != 0 {
+		t.Fatalf("report after the withdrawal = %v (changed %v), want an empty write", written, changed)
+	}
+	if got := a.HandOver(); !reflect.DeepEqual(got, []string{"n1"}) {
+		t.Errorf("HandOver() with a write in flight = %v, want [n1]", got)
+	}
+	a.EndReport("n1", written, true)
+	if _, _, toWrite := a.Unsettled(10); !reflect.DeepEqual(toWrite, []string{"n1"}) {
+		t.Errorf("after the write landed, nodes to write = %v, want [n1]", toWrite)
+	}
+	if want, changed := a.BeginReport("n1"); !changed || !reflect.DeepEqual(want, []v1.AttachedVolume{av(volA, "")}) {
+		t.Errorf("next report = %v (changed %v), want %s listed again", want, changed, volA)
 	}
 }

@@ -34,7 +34,12 @@ func (c *Controller) handOver(ctx context.Context) {
 	tick := time.NewTicker(handoffPoll)
 	defer tick.Stop()
 	for {
-		n, sample := c.actual.Unsettled(10)
+		n, sample, toWrite := c.actual.Unsettled(10)
+		// A write that ended without the volume (computed before the
+		// freeze) queues nothing by itself: queue every report still due.
+		for _, node := range toWrite {
+			c.statusQueue.Add(node)
+		}
 		if n == 0 {
 			logger.Info("Handed over: every volume attached is listed in its node's status; no attach or detach under way",
 				"took", time.Since(start).Round(time.Millisecond))
