@@ -66,13 +66,9 @@ test-e2e: test-binaries
 # Churn and faults on the real stack (test/chaos): a short run in make test,
 # CHAOS_DURATION of it with make chaos; CHAOS_SEED=N replays a schedule.
 CHAOS_DURATION ?= 10m
-# The short run leaves out the cut-over to kube-controller-manager: with it,
-# kube-controller-manager creates VolumeAttachments of ReadWriteOnce volumes
-# on a second node (I1), an open problem that make chaos shows.
-CHAOS_SHORT_FAULTS := SIGKILL of the leader,SIGKILL of the standby,kube-apiserver restart,node NotReady,node out-of-service,churn only
 test-chaos: tools test-binaries
 	hack/build-tools.sh $(E2E_TOOLS)
-	CHAOS_DURATION=60s CHAOS_FAULTS="$(CHAOS_SHORT_FAULTS)" $(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 10m -v ./test/chaos/... | \
+	CHAOS_DURATION=60s $(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 10m -v ./test/chaos/... | \
 	  grep -E '^(=== RUN|--- |PASS|FAIL|ok)|chaos_test.go|^ +(churn|fault) ' ; exit $${PIPESTATUS[0]}
 
 chaos: tools test-binaries
