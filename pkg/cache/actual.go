@@ -491,8 +491,9 @@ func (a *ActualState) ReportPending(k Key) bool {
 
 // BeginDetach marks the detach of the volume at k as started, unless
 // node.status may still list it (it was reported, or a write of the node's
-// status is under way) or the controller is handing over (handoff.go): then
-// it returns false and changes nothing. Once
+// status is under way) or, during a handoff (handoff.go), it is attached
+// and its detach has not begun: then it returns false and changes nothing.
+// Once
 // started, the volume is out of every later report. Checking and marking
 // under one lock keeps a report from taking the volume in between.
 func (a *ActualState) BeginDetach(k Key, now time.Time) bool {
@@ -500,7 +501,7 @@ func (a *ActualState) BeginDetach(k Key, now time.Time) bool {
 	defer a.mu.Unlock()
 	n := a.nodes[k.Node]
 	at := a.volumes[k.Volume][k.Node]
-	if at == nil || a.handingOver {
+	if at == nil || (a.handingOver && at.State == Attached && at.DetachStarted.IsZero()) {
 		return false
 	}
 	if at.Reported || (n != nil && n.writing) {

@@ -17,9 +17,11 @@ import (
 // lists again what was withdrawn for a detach that has not started, and
 // waits for the attaches and detaches under way to finish.
 
-// HandOver freezes the record for a handoff: from now on no detach starts
-// (BeginDetach refuses) and the node reports list again the attached volumes
-// that were withdrawn for a detach that has not started. It returns the
+// HandOver freezes the record for a handoff: from now on no detach of an
+// attached volume starts (BeginDetach refuses) and the node reports list
+// again the attached volumes that were withdrawn for a detach that has not
+// started. Detaches that began, and those of attaches never confirmed (no
+// status lists them), still run. It returns the
 // nodes whose report must be written (again): those whose report changes,
 // and those with a write in flight, which may have been computed before the
 // freeze.

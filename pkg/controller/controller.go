@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -195,6 +196,11 @@ type Controller struct {
 	// goneNodes holds the last state of deleted Node objects until their
 	// sync: what they had mounted then, which the lister no longer knows.
 	goneNodes map[string]*v1.Node
+	// observing counts the items being processed of the queues that carry
+	// the world into the actual state and node status (nodes,
+	// VolumeAttachments, node status): a handoff is done only when they
+	// are all processed.
+	observing atomic.Int64
 }
 
 // New wires a Controller. Nothing runs until Run.

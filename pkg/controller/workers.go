@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"sync/atomic"
 
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
@@ -12,10 +13,14 @@ import (
 // process runs one item of q through sync. The worker alone decides between
 // Forget and AddRateLimited.
 func process[T comparable](ctx context.Context, q workqueue.TypedRateLimitingInterface[T], kv func(T) []any,
-	sync func(context.Context, T) error) bool {
+	sync func(context.Context, T) error, busy *atomic.Int64) bool {
 	item, quit := q.Get()
 	if quit {
 		return false
+	}
+	if busy != nil {
+		busy.Add(1)
+		defer busy.Add(-1)
 	}
 	defer q.Done(item)
 	logger := klog.FromContext(ctx).WithValues(kv(item)...)
@@ -35,15 +40,15 @@ func process[T comparable](ctx context.Context, q workqueue.TypedRateLimitingInt
 func (c *Controller) Process(ctx context.Context, queue string) bool {
 	switch queue {
 	case QueuePods:
-		return process(ctx, c.podQueue, keyKV("pod"), c.syncPod)
+		return process(ctx, c.podQueue, keyKV("pod"), c.syncPod, nil)
 	case QueueNodes:
-		return process(ctx, c.nodeQueue, keyKV("node"), c.syncNode)
+		return process(ctx, c.nodeQueue, keyKV("node"), c.syncNode, &c.observing)
 	case QueueVolumeAttachments:
-		return process(ctx, c.attachmentQueue, keyKV("volumeAttachment"), c.syncAttachment)
+		return process(ctx, c.attachmentQueue, keyKV("volumeAttachment"), c.syncAttachment, &c.observing)
 	case QueueNodeStatus:
-		return process(ctx, c.statusQueue, keyKV("node"), c.syncStatus)
+		return process(ctx, c.statusQueue, keyKV("node"), c.syncStatus, &c.observing)
 	case QueueVolumes:
-		return process(ctx, c.volumeQueue, volumeKV, c.syncVolume)
+		return process(ctx, c.volumeQueue, volumeKV, c.syncVolume, nil)
 	}
 	panic("unknown queue " + queue)
 }

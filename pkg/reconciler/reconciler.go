@@ -116,11 +116,32 @@ type Reconciler struct {
 }
 
 // HandOver stops the reconciler from starting operations: Sync still
-// decides, and still settles keys that need no operation (putting a volume
-// wanted again back in its node's report), but attaches, withdraws and
-// detaches wait for the successor. Attaches and detaches already started
-// finish through the actual state, which the informers keep updating.
+// decides, settles keys that need no operation (putting a volume wanted
+// again back in its node's report) and finishes operations under way
+// (continuesOperation), but new attaches, withdraws and detaches are left
+// to the successor.
 func (r *Reconciler) HandOver() { r.handingOver.Store(true) }
+
+// continuesOperation says whether d, during a handoff, finishes what is
+// under way rather than starting something: an attach started before (its
+// VolumeAttachment created, or an in-tree attach of unknown outcome), a
+// detach that began (retried after a failure), or the detach of an attach
+// never confirmed, which no node status lists, so that its detach needs no
+// withdrawal and leaves the successor nothing ambiguous.
+func continuesOperation(d Decision) bool {
+	switch d.Action {
+	case Nothing:
+		return true
+	case Attach:
+		return d.HasAttachment && d.Attachment.State == cache.Uncertain
+	case Withdraw:
+		// Of an attach never confirmed: no report lists it.
+		return d.HasAttachment && d.Attachment.State != cache.Attached
+	case Detach:
+		return d.HasAttachment && (d.Attachment.State != cache.Attached || !d.Attachment.DetachStarted.IsZero())
+	}
+	return false
+}
 
 // New returns a Reconciler. mechanisms maps each volume kind to the
 // mechanism that attaches it.
@@ -183,7 +204,7 @@ func (r *Reconciler) Sync(ctx context.Context, k cache.Key) (res Result, err err
 func (r *Reconciler) act(ctx context.Context, d Decision, now time.Time, again bool) (Result, error) {
 	logger := klog.FromContext(ctx)
 	k := d.Key
-	if d.Action != Nothing && r.handingOver.Load() {
+	if r.handingOver.Load() && !continuesOperation(d) {
 		logger.V(2).Info("Handing over: left to the next controller", "action", d.Action, "reason", d.Reason)
 		return Result{}, nil
 	}

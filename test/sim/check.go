@@ -28,7 +28,11 @@ import (
 //	I4 once no fault and no new work come, the run gets quiet within a
 //	   bounded number of steps, and then every volume a live pod wants is
 //	   attached where allowed and nothing nobody wants is attached;
-//	I5 then, node.status.volumesAttached lists exactly what is attached.
+//	I5 then, node.status.volumesAttached lists exactly what is attached;
+//	I6 when a controller asked to stop says it has handed over, every
+//	   attachment on an existing node (a VolumeAttachment, an in-tree
+//	   attachment) is attached, not being detached, and listed in its node's
+//	   status: what kube-controller-manager needs to count it.
 
 // checkEveryStep checks I1 and keeps the bookkeeping I2 needs.
 func (s *Sim) checkEveryStep() {
@@ -231,6 +235,48 @@ func (s *Sim) explain(pv string) {
 			e := s.ctrl.Explain(cache.Key{Volume: volume.Name(name), Node: nodeName(i)})
 			if e.State != "" || e.Desired {
 				s.tracef("  explain %s@%s: %+v", name, nodeName(i), e)
+			}
+		}
+	}
+}
+
+// checkHandedOver checks I6.
+func (s *Sim) checkHandedOver() {
+	listed := func(n *v1.Node, pv string) bool {
+		v := s.volumeByPV(pv)
+		return v != nil && slices.ContainsFunc(n.Status.VolumesAttached, func(a v1.AttachedVolume) bool {
+			return slices.Contains(v.names, string(a.Name))
+		})
+	}
+	// A node the controller has not seen yet (created again while its event
+	// is in flight) has no status it could have written.
+	seen := func(n *v1.Node) bool {
+		o, ok, _ := s.inf[rNodes].GetStore().GetByKey(n.Name)
+		return ok && o.(*v1.Node).UID == n.UID
+	}
+	for _, va := range s.w.attachments() {
+		n := s.w.node(va.Spec.NodeName)
+		if n == nil || !seen(n) {
+			continue
+		}
+		pv := attachmentVolume(va)
+		switch {
+		case va.DeletionTimestamp != nil:
+			s.violate("I6", "handed over with the detach of %s from %s under way", pv, n.Name)
+		case !va.Status.Attached:
+			s.violate("I6", "handed over with the attach of %s to %s under way", pv, n.Name)
+		case !listed(n, pv):
+			s.violate("I6", "handed over with %s attached to %s but not in its node status", pv, n.Name)
+		}
+	}
+	for node, names := range s.intree {
+		n := s.w.node(node)
+		if n == nil || !seen(n) {
+			continue
+		}
+		for name := range names {
+			if pv := s.volumeByName(name).pv; !listed(n, pv) {
+				s.violate("I6", "handed over with in-tree %s attached to %s but not in its node status", pv, node)
 			}
 		}
 	}

@@ -49,6 +49,7 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			setNode(s, nodeName(0), func(n *v1.Node) { listed(n); mounted(n) })
 			s.checkEveryStep()
 			s.checkQuiet()
+			s.checkHandedOver()
 		}, ""},
 		{"I1: RWO volume attached to two nodes", func(s *Sim) {
 			attach(s, nodeName(0))
@@ -97,6 +98,17 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			setNode(s, nodeName(1), listed)
 			s.checkQuiet()
 		}, "I5"},
+		{"I6: handed over with a VolumeAttachment its node status does not list", func(s *Sim) {
+			attach(s, nodeName(0))
+			s.checkHandedOver()
+		}, "I6"},
+		{"I6: handed over with an attach under way", func(s *Sim) {
+			va := attach(s, nodeName(0)).DeepCopy()
+			va.Status.Attached = false
+			s.w.update(rAttachments, va)
+			setNode(s, nodeName(0), listed)
+			s.checkHandedOver()
+		}, "I6"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSim(1, DefaultConfig())

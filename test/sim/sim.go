@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand"
 	"os"
 	"slices"
@@ -83,6 +84,9 @@ type Sim struct {
 
 	faults     bool
 	step       int
+	// handoffUntil: a graceful stop is under way (the controller hands its
+	// volumes over) until this step at the latest; 0: none.
+	handoffUntil int
 	trace      []string
 	violations []string
 	stats      map[string]int
@@ -111,6 +115,7 @@ func Run(seed int64, cfg Config) Result {
 	for s.step = 1; s.step <= cfg.Steps && len(s.violations) == 0; s.step++ {
 		s.act(true)
 		s.checkEveryStep()
+		s.checkHandoff()
 	}
 	if len(s.violations) == 0 {
 		s.quiesce()
@@ -218,6 +223,55 @@ func (s *Sim) kill() {
 func (s *Sim) restart() {
 	s.stats["fault: controller restart"]++
 	s.tracef("controller killed")
+	s.replace()
+}
+
+// gracefulStop asks the controller to stop as SIGTERM does: it hands its
+// volumes over while everything else goes on; checkHandoff replaces it once
+// it has or when its time is up.
+func (s *Sim) gracefulStop() {
+	s.stats["fault: graceful stop"]++
+	s.tracef("controller asked to stop: handoff")
+	s.handoffUntil = s.step + handoffSteps
+	s.ctrl.BeginHandOver()
+}
+
+// handoffSteps bounds a handoff, as --handoff-timeout does.
+const handoffSteps = 60
+
+// checkHandoff ends a handoff under way: once the controller says it is
+// done, I6 must hold; then (or when its steps are up) the next controller
+// starts.
+func (s *Sim) checkHandoff() {
+	if s.handoffUntil == 0 || len(s.violations) > 0 {
+		return
+	}
+	n, sample := s.ctrl.HandedOver()
+	if n > 0 && s.step < s.handoffUntil {
+		return
+	}
+	if n == 0 {
+		s.stats["handoff: done"]++
+		s.tracef("handed over")
+		s.checkHandedOver()
+	} else {
+		s.stats["handoff: timed out"]++
+		for _, e := range sample {
+			_, why, _ := strings.Cut(e, ": ")
+			if i := strings.IndexByte(e, ' '); i > 0 && strings.HasSuffix(e, "pending") {
+				why = "syncs pending"
+			}
+			s.stats["handoff: timed out, "+why]++
+		}
+		s.tracef("handoff timed out: %d unsettled %v", n, sample)
+	}
+	s.replace()
+}
+
+// replace stops the controller (calls in flight get no answer) and starts
+// the next generation.
+func (s *Sim) replace() {
+	s.handoffUntil = 0
 	s.kill()
 	// The iSCSI attacher only records: its record is the node's
 	// volumesAttached. An attachment withdrawn from it is known to no one
@@ -275,6 +329,9 @@ func (s *Sim) act(chaos bool) (progress bool) {
 		}
 		add(2.5, "workload", s.workload)
 		add(s.cfg.Restart, "restart", s.restart)
+		if s.handoffUntil == 0 {
+			add(s.cfg.Restart, "graceful stop", s.gracefulStop)
+		}
 		add(0.2, "resync", s.resync)
 	}
 	if len(cs) == 0 {
@@ -370,17 +427,35 @@ func (s *Sim) advance(d time.Duration) {
 // quiesce heals the world (faults off, no new workload, deleted pods gone,
 // claims and CSINodes back) and runs until nothing is left to do: then the
 // world and the controller must agree (I4, I5).
+//
+// A handoff under way goes on with no step limit (and on half the seeds one
+// starts as the faults stop, with whatever is in flight): once nothing is
+// left to do, it must be done.
 func (s *Sim) quiesce() {
 	s.faults = false
 	s.heal()
+	if s.handoffUntil == 0 && s.chance(0.5) {
+		s.gracefulStop()
+	}
+	if s.handoffUntil > 0 {
+		s.handoffUntil = math.MaxInt
+	}
 	quiet := false
 	for i := 0; i < s.cfg.QuietSteps && len(s.violations) == 0; i++ {
 		s.step++
 		if !s.act(false) {
-			quiet = true
-			break
+			if s.handoffUntil == 0 {
+				quiet = true
+				break
+			}
+			n, sample := s.ctrl.HandedOver()
+			if n > 0 {
+				s.violate("I4", "quiet, and the handoff is not done: %d unsettled %v", n, sample)
+				return
+			}
 		}
 		s.checkEveryStep()
+		s.checkHandoff()
 	}
 	if len(s.violations) > 0 {
 		return
