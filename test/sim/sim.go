@@ -82,14 +82,14 @@ type Sim struct {
 	reports chan taskReport
 	taskSeq int
 
-	faults     bool
-	step       int
+	faults bool
+	step   int
 	// handoffUntil: a graceful stop is under way (the controller hands its
 	// volumes over) until this step at the latest; 0: none.
 	handoffUntil int
-	trace      []string
-	violations []string
-	stats      map[string]int
+	trace        []string
+	violations   []string
+	stats        map[string]int
 
 	vols   []simVolume
 	intree map[string]map[string]bool // node -> in-tree unique names attached
