@@ -41,9 +41,9 @@ func (c *Controller) Process(ctx context.Context, queue string) bool {
 	case QueueVolumeAttachments:
 		return process(ctx, c.attachmentQueue, keyKV("volumeAttachment"), c.syncAttachment)
 	case QueueNodeStatus:
-		return process(ctx, c.statusQueue, keyKV("node"), c.syncStatus)
+		return process(ctx, c.statusQueue, keyKV("node"), c.syncNodeStatus)
 	case QueueVolumes:
-		return process(ctx, c.volumeQueue, volumeKV, c.syncVolume)
+		return process(ctx, c.volumeQueue, volumeKV, c.syncVolumeKey)
 	}
 	panic("unknown queue " + queue)
 }

@@ -18,6 +18,9 @@ import (
 	"github.com/kube-attach/attach-detach-controller/pkg/server"
 )
 
+// DefaultLeaseName is the default --leader-elect-resource-name.
+const DefaultLeaseName = "attach-detach-controller"
+
 // Options are the command line settings.
 type Options struct {
 	Kubeconfig string
@@ -42,6 +45,11 @@ type Options struct {
 	// MaxWaitForUnmountDeletedNode is the wait on a node whose Node object
 	// is gone; nil: MaxWaitForUnmount.
 	MaxWaitForUnmountDeletedNode *time.Duration
+	// Shadow runs the controller beside another attach/detach controller,
+	// comparing and writing nothing (pkg/shadow); ShadowGracePeriod is how
+	// long a disagreement lasts before it is reported.
+	Shadow            bool
+	ShadowGracePeriod time.Duration
 
 	ShowVersion bool
 }
@@ -59,7 +67,7 @@ func NewOptions() *Options {
 			RenewDeadline:     durationOf(10 * time.Second),
 			RetryPeriod:       durationOf(2 * time.Second),
 			ResourceLock:      "leases",
-			ResourceName:      "attach-detach-controller",
+			ResourceName:      DefaultLeaseName,
 			ResourceNamespace: "kube-system",
 		},
 		Serving:                server.NewOptions(),
@@ -68,6 +76,7 @@ func NewOptions() *Options {
 		Workers:                10,
 		OtherWriterCheckPeriod: time.Minute,
 		CSIMigration:           migration.PolicyPerNode,
+		ShadowGracePeriod:      time.Minute,
 	}
 }
 
@@ -99,6 +108,13 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Who decides whether an in-tree volume (awsElasticBlockStore, gcePersistentDisk, ...) is attached through its CSI driver: "+
 			"\"per-node\": each node's CSINode, else its CSINodeInfo; a node that has said nothing yet makes the volume wait. "+
 			"\"completed\": as kube-controller-manager v1.36, the plugins whose migration upstream declares complete (all but portworx-volume) use CSI on every node without reading CSINode.")
+	fs.BoolVar(&o.Shadow, "shadow", o.Shadow,
+		"Shadow mode: run beside kube-controller-manager's attach/detach controller, decide as usual and write nothing "+
+			"(no VolumeAttachment, node status or event; only the Lease of leader election); report where this controller "+
+			"would act otherwise than the cluster shows (metrics, logs, /shadow, /explain).")
+	fs.DurationVar(&o.ShadowGracePeriod, "shadow-grace-period", o.ShadowGracePeriod,
+		"In shadow mode, how long a disagreement with the cluster must last before it is reported (at least 1s): "+
+			"the other controller needs a few seconds to act.")
 	fs.BoolVar(&o.ShowVersion, "version", false, "Print the version and exit.")
 }
 
@@ -122,6 +138,14 @@ func (o *Options) Validate(gate featuregate.FeatureGate) error {
 	}
 	if o.OtherWriterCheckPeriod != 0 && o.OtherWriterCheckPeriod < time.Second {
 		errs = append(errs, fmt.Errorf("--other-writer-check-period must be 0 or at least 1s, got %s", o.OtherWriterCheckPeriod))
+	}
+	if o.ShadowGracePeriod < time.Second {
+		errs = append(errs, fmt.Errorf("--shadow-grace-period must be at least 1s, got %s", o.ShadowGracePeriod))
+	}
+	if o.Shadow && o.LeaderElection.LeaderElect && o.LeaderElection.ResourceName == DefaultLeaseName {
+		errs = append(errs, fmt.Errorf("--shadow with --leader-elect needs a Lease of its own, not the controller's %q: "+
+			"set --leader-elect-resource-name (for example %s-shadow), or the shadow would keep the controller from leading at the cut-over",
+			DefaultLeaseName, DefaultLeaseName))
 	}
 	if _, err := migration.CompletedMigrations(o.CSIMigration); err != nil {
 		errs = append(errs, fmt.Errorf("--csi-migration must be one of %s, got %q", strings.Join(migration.Policies(), ", "), o.CSIMigration))
