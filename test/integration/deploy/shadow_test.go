@@ -224,6 +224,23 @@ func TestShadowBesideKubeControllerManager(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Every metric served is documented, the shadow's included.
+	_, body, err := ours.get("/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served, err := parseExposition(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range compareCatalogue(served, readCatalogue(t), false) {
+		t.Error(p)
+	}
+	for _, name := range []string{shadowOpen, shadowOpened, shadowRefused} {
+		if _, ok := served[name]; !ok {
+			t.Errorf("%s not served in shadow mode", name)
+		}
+	}
 	if n := m.Sum(shadowRefused, nil); n != 0 {
 		t.Errorf("%s = %v, want 0: something tried to write", shadowRefused, n)
 	}
