@@ -11,15 +11,16 @@ import (
 // cluster's report is then the record of what the node has attached. A
 // listed volume counts as reported; an in-tree one is attached (node.status
 // is its only record), a CSI one the VolumeAttachments know better (with
-// none on record, it is uncertain). An attachment known from node.status
-// alone (no VolumeAttachment) that is no longer listed is gone. It returns
-// the keys that changed.
-func (a *ActualState) MirrorReport(node string, listed []v1.AttachedVolume) []Key {
+// none on record, it is uncertain). It returns the keys that changed, and
+// apart the attachments known from node.status alone (no VolumeAttachment)
+// that it no longer lists: the other controller took them out to detach
+// them. Those are marked Detaching; the caller deletes them once it has
+// looked at them.
+func (a *ActualState) MirrorReport(node string, listed []v1.AttachedVolume) (changed, dropped []Key) {
 	in := make(map[volume.Name]v1.AttachedVolume, len(listed))
 	for _, av := range listed {
 		in[volume.Name(av.Name)] = av
 	}
-	var changed []Key
 	for name, av := range in {
 		k := Key{Volume: name, Node: node}
 		plugin, _, _ := volume.Parse(name)
@@ -44,16 +45,18 @@ func (a *ActualState) MirrorReport(node string, listed []v1.AttachedVolume) []Ke
 			continue
 		}
 		if at.AttachmentName == "" {
-			if a.Delete(at.Key) {
-				changed = append(changed, at.Key)
-			}
+			a.Update(at.Key, false, func(at *Attachment) {
+				at.Reported = false
+				at.State = Detaching
+			})
+			dropped = append(dropped, at.Key)
 			continue
 		}
 		if a.Update(at.Key, false, func(at *Attachment) { at.Reported = false }) {
 			changed = append(changed, at.Key)
 		}
 	}
-	return changed
+	return changed, dropped
 }
 
 // onNode returns copies of the node's attachments.

@@ -190,10 +190,13 @@ type Controller struct {
 
 	// syncVolumeKey and syncNodeStatus sync the volume and node status
 	// queues: the reconciler and the node status writer, or in shadow mode
-	// the comparison and the reading of node.status (shadow.go). Chosen
-	// once, in New.
+	// the comparison and the reading of node.status (shadow.go); with
+	// statusDiffers, chosen once, in New.
 	syncVolumeKey  func(context.Context, cache.Key) error
 	syncNodeStatus func(context.Context, string) error
+	// statusDiffers is called when a Node's status.volumesAttached differs
+	// from what the actual state says is reported.
+	statusDiffers func(ctx context.Context, node string, listed []v1.AttachedVolume)
 
 	// problems remembers the last warning posted per pod volume, so a pod
 	// re-synced many times is told once.
@@ -279,9 +282,9 @@ func New(cfg Config) (*Controller, error) {
 		volume.KindInTree: mechanism.NewInTree(cfg.InTree),
 	}, cfg.Recorder, cfg.Metrics, cfg.Reconciler)
 	c.writer = nodestatus.NewWriter(cfg.Client, c.actual, NodeInfo)
-	c.syncVolumeKey, c.syncNodeStatus = c.syncVolume, c.syncStatus
+	c.syncVolumeKey, c.syncNodeStatus, c.statusDiffers = c.syncVolume, c.syncStatus, c.rewriteStatus
 	if cfg.Shadow != nil {
-		c.syncVolumeKey, c.syncNodeStatus = c.syncShadow, c.mirrorStatus
+		c.syncVolumeKey, c.syncNodeStatus, c.statusDiffers = c.syncShadow, c.mirrorStatus, c.queueMirror
 	}
 
 	if err := c.addHandlers(); err != nil {

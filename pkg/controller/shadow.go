@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"time"
 
+	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
@@ -21,6 +23,10 @@ import (
 // and node.status.volumesAttached as the other controller writes it
 // (mirrorStatus).
 
+// minShadowRecheck bounds how often a volume the cluster detached while we
+// would keep it is looked at again.
+const minShadowRecheck = time.Second
+
 // syncShadow compares what the controller would do with one key and what
 // the cluster shows, and records the verdict (pkg/shadow).
 func (c *Controller) syncShadow(ctx context.Context, k cache.Key) error {
@@ -35,8 +41,9 @@ func (c *Controller) syncShadow(ctx context.Context, k cache.Key) error {
 	after := t.Record(ctx, k, v, podNames(o.Pods), now)
 	if v.Kind == shadow.WouldWaitForUnmount && !o.HasAttachment && after == 0 {
 		// Nothing of the cluster's is left to re-queue the key: it is
-		// looked at again until we would have detached the volume too.
-		after = t.GracePeriod()
+		// looked at again, every grace period, until we would have
+		// detached the volume too.
+		after = max(t.GracePeriod(), minShadowRecheck)
 	}
 	if o.Wait != "" && o.WaitAfter > 0 && (after == 0 || o.WaitAfter < after) {
 		// The max wait for unmount ends: we would detach then.
@@ -48,9 +55,18 @@ func (c *Controller) syncShadow(ctx context.Context, k cache.Key) error {
 	return nil
 }
 
+// queueMirror is statusDiffers in shadow mode: node.status, as the other
+// controller wrote it, is read into the actual state (mirrorStatus).
+func (c *Controller) queueMirror(_ context.Context, name string, _ []v1.AttachedVolume) {
+	c.statusQueue.Add(name)
+}
+
 // mirrorStatus records a node's status.volumesAttached, as the other
-// controller wrote it, in the actual state.
-func (c *Controller) mirrorStatus(_ context.Context, name string) error {
+// controller wrote it, in the actual state. A volume known from node.status
+// alone that it stops listing is being detached: it is compared once as
+// such (we may still want it kept: mounted), then forgotten, and the
+// comparison goes on as a detached volume.
+func (c *Controller) mirrorStatus(ctx context.Context, name string) error {
 	node, err := c.nodes.Get(name)
 	if apierrors.IsNotFound(err) {
 		return nil
@@ -58,7 +74,14 @@ func (c *Controller) mirrorStatus(_ context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("get node %s: %w", name, err)
 	}
-	for _, k := range c.actual.MirrorReport(name, node.Status.VolumesAttached) {
+	changed, dropped := c.actual.MirrorReport(name, node.Status.VolumesAttached)
+	for _, k := range dropped {
+		if err := c.syncShadow(ctx, k); err != nil {
+			return err
+		}
+		c.actual.Delete(k)
+	}
+	for _, k := range append(changed, dropped...) {
 		c.volumeQueue.Add(k)
 		for _, dk := range c.desired.KeysFor(k.Volume) {
 			c.volumeQueue.Add(dk)
