@@ -89,7 +89,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	options.BindLeaderElectionFlags(&o.LeaderElection, fs)
 	o.Serving.AddFlags(fs)
 	fs.StringVar(&o.HTTPEndpoint, "http-endpoint", o.HTTPEndpoint,
-		"Address (host:port) serving /metrics, /healthz, /livez and /readyz in plain HTTP without authentication, for local use (never /explain). Empty: not served.")
+		"Address (host:port) serving /metrics, /healthz, /livez and /readyz in plain HTTP without authentication, for local use (never /explain nor /shadow). Empty: not served.")
 	fs.DurationVar(&o.ReconcileSyncPeriod, "attach-detach-reconcile-sync-period", o.ReconcileSyncPeriod,
 		"Period of the sync that compares attached volumes with their VolumeAttachments (at least 1s).")
 	fs.BoolVar(&o.DisableReconcileSync, "disable-attach-detach-reconcile-sync", o.DisableReconcileSync, "Disable the periodic sync.")
