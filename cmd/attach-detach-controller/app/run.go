@@ -517,7 +517,7 @@ func serveSecure(ctx context.Context, o *Options, e *endpoints) (func(), error) 
 }
 
 // serveHTTP serves /metrics, /healthz, /livez and /readyz in plain HTTP
-// without authentication, for local use; never /explain.
+// without authentication, for local use; never /explain nor /shadow.
 func serveHTTP(ctx context.Context, addr string, e *endpoints) (func(), error) {
 	if addr == "" {
 		return func() {}, nil

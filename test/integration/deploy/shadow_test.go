@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -375,4 +376,23 @@ func getShadowSummary(t *testing.T, base string) shadowSummary {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestShadowOverlayServerSideDryRun renders the shadow overlay: the base's
+// Deployment with --shadow on a Lease of its own, and the Role to renew
+// that Lease; the API server accepts the render.
+func TestShadowOverlayServerSideDryRun(t *testing.T) {
+	out, objs := render(t, shadowKustomization)
+	args := convert[appsv1.Deployment](t, find(t, objs, "Deployment", "attach-detach-controller")).Spec.Template.Spec.Containers[0].Args
+	if lease, _ := flagValue(args, "leader-elect-resource-name"); lease != "attach-detach-controller-shadow" || !slices.Contains(args, "--shadow") {
+		t.Errorf("shadow Deployment arguments %v: want --shadow and the Lease attach-detach-controller-shadow", args)
+	}
+	role := convert[rbacv1.Role](t, find(t, objs, "Role", "attach-detach-controller-shadow-leader-election"))
+	if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].ResourceNames, []string{"attach-detach-controller-shadow"}) {
+		t.Errorf("shadow Role rules %+v: want get and update on the Lease attach-detach-controller-shadow", role.Rules)
+	}
+	applied := dryRunApply(t, out)
+	if !slices.ContainsFunc(applied, func(l string) bool { return strings.HasPrefix(l, "deployment.apps/attach-detach-controller ") }) {
+		t.Errorf("the Deployment is not in the dry-run output:\n%s", strings.Join(applied, "\n"))
+	}
 }
