@@ -123,9 +123,10 @@ func (c *Controller) clusterView(d reconciler.Decision) shadow.Cluster {
 // cluster shows, and the disagreement, if any.
 type ShadowExplanation struct {
 	Cluster string `json:"cluster"`
-	// Disagreement is pending (younger than the grace period) or open.
+	// Disagreement is pending (younger than the grace period) or, when
+	// Open, reported.
 	Disagreement *shadow.Disagreement `json:"disagreement,omitempty"`
-	Reported     bool                 `json:"reported"`
+	Open         bool                 `json:"open"`
 }
 
 func (c *Controller) explainShadow(d reconciler.Decision) *ShadowExplanation {
@@ -134,7 +135,7 @@ func (c *Controller) explainShadow(d reconciler.Decision) *ShadowExplanation {
 	}
 	e := &ShadowExplanation{Cluster: c.clusterView(d).String()}
 	if dis, reported, ok := c.cfg.Shadow.Get(d.Key); ok {
-		e.Disagreement, e.Reported = &dis, reported
+		e.Disagreement, e.Open = &dis, reported
 	}
 	return e
 }
