@@ -101,6 +101,13 @@ func TestShadow(t *testing.T) {
 			want:    []string{"would-detach " + iscsiName + "@node-1"},
 		},
 		{
+			name: "ReadWriteOnce volume the cluster attached to two nodes: would not attach, on either",
+			objects: []runtime.Object{node("node-1"), node("node-2"), pv, claim("claim-a"),
+				va("claim-a", "h1", "node-1"), va("claim-a", "h1", "node-2"),
+				pod("pod-a", "node-1", "claim-a"), pod("pod-b", "node-2", "claim-a")},
+			want: []string{"would-not-attach " + h1, "would-not-attach " + csiName("h1") + "@node-2"},
+		},
+		{
 			name: "migratable volume the cluster attached through CSI on a node without CSINode: would not attach",
 			objects: []runtime.Object{node("node-1", listsAttached("kubernetes.io/csi/ebs.csi.aws.com^vol-1")), ebsVA,
 				withPod(pod("pod-e", "node-1"), inlineVolume(ebs))},

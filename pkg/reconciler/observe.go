@@ -17,6 +17,10 @@ type Observation struct {
 	// WaitAfter, with Wait, is when the wait may end by itself (the max
 	// wait for unmount); zero: only a change of the node ends it.
 	WaitAfter time.Duration
+	// HeldElsewhere, for a single-node volume a pod wants on the node,
+	// lists the other nodes that hold it, attached there or not: where it
+	// is attached here too, it should not have been.
+	HeldElsewhere []cache.Key
 }
 
 // Observe decides as Sync does and keeps the one record Sync keeps for its
@@ -28,6 +32,9 @@ func (r *Reconciler) Observe(k cache.Key, now, since time.Time) Observation {
 	d := r.Decide(k, now)
 	o := Observation{Decision: d}
 	if d.Desired || r.desired.Wanted(k) {
+		if d.Spec != nil {
+			o.HeldElsewhere = singleNodeAccessConflict(d.Spec, k.Node, r.actual)
+		}
 		if d.HasAttachment && !d.Attachment.DetachWanted.IsZero() {
 			r.actual.Update(k, false, func(a *cache.Attachment) { a.DetachWanted = time.Time{} })
 		}

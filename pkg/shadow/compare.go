@@ -2,7 +2,10 @@ package shadow
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
 )
 
@@ -17,7 +20,8 @@ const (
 	// it attached.
 	WouldDetach Kind = "would-detach"
 	// WouldNotAttach: the cluster attached (or is attaching) a volume we
-	// would not attach yet.
+	// would not attach: undecided mechanism, or a single-node volume
+	// already held by another node.
 	WouldNotAttach Kind = "would-not-attach"
 	// WouldWaitForUnmount: the cluster detaches (or detached) a volume we
 	// would keep attached: mounted, or our max wait for unmount not over.
@@ -94,6 +98,10 @@ func Compare(o reconciler.Observation, c Cluster, held Kind) Verdict {
 	case d.Desired && c.present() && d.Spec != nil && d.Spec.Pending != "":
 		v.Kind = WouldNotAttach
 		v.Ours = fmt.Sprintf("%s: %s", reconciler.Blocked, d.Spec.Pending)
+	case d.Desired && c.present() && len(o.HeldElsewhere) > 0:
+		v.Kind = WouldNotAttach
+		v.Ours = fmt.Sprintf("%s: volume is already exclusively attached to node %s and can't be attached to another",
+			reconciler.Blocked, nodesOf(o.HeldElsewhere))
 	case d.Desired && c.State == NotAttached && d.Action == reconciler.Attach:
 		v.Kind = WouldAttach
 	case !d.Desired && c.present() && (d.Action == reconciler.Withdraw || d.Action == reconciler.Detach):
@@ -106,4 +114,15 @@ func Compare(o reconciler.Observation, c Cluster, held Kind) Verdict {
 		v.Ours = fmt.Sprintf("%s: %s", reconciler.Wait, wait)
 	}
 	return v
+}
+
+func nodesOf(keys []cache.Key) string {
+	nodes := make([]string, 0, len(keys))
+	for _, k := range keys {
+		if !slices.Contains(nodes, k.Node) {
+			nodes = append(nodes, k.Node)
+		}
+	}
+	slices.Sort(nodes)
+	return strings.Join(nodes, ", ")
 }

@@ -37,6 +37,16 @@ func TestCompare(t *testing.T) {
 			c: Cluster{State: Attached, Name: "kubernetes.io/csi/ebs.csi.aws.com^vol-1"}, want: WouldNotAttach, wantOurs: "blocked: waiting for CSINode n1"},
 		{name: "the cluster attaches what we hold back", o: desired(reconciler.Attach, "attach in progress", "waiting for CSINode n1"),
 			c: Cluster{State: Attaching}, want: WouldNotAttach},
+		{name: "the cluster attached a single-node volume to a second node", o: func() reconciler.Observation {
+			o := desired(reconciler.Nothing, "attached", "")
+			o.HeldElsewhere = []cache.Key{{Volume: k.Volume, Node: "n2"}}
+			return o
+		}(), c: attached, want: WouldNotAttach, wantOurs: "blocked: volume is already exclusively attached to node n2"},
+		{name: "a single-node volume held elsewhere, not attached here: both wait", o: func() reconciler.Observation {
+			o := desired(reconciler.Blocked, "volume is already exclusively attached to node n2", "")
+			o.HeldElsewhere = []cache.Key{{Volume: k.Volume, Node: "n2"}}
+			return o
+		}(), c: Cluster{State: NotAttached}},
 		{name: "we would detach", o: unwanted(reconciler.Withdraw, "no pod wants it", "", ""), c: attached,
 			want: WouldDetach, wantOurs: "withdraw: no pod wants it"},
 		{name: "we would force a detach", o: unwanted(reconciler.Withdraw, "no pod wants it", reconciler.ForceTimeout, ""), c: attached,
