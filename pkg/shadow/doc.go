@@ -16,7 +16,8 @@
 // A difference is a disagreement of one of four kinds: would-attach (a pod
 // wants the volume, nothing attaches it, we would), would-detach (no pod
 // wants it, it is safe to detach, the cluster keeps it), would-not-attach (the
-// cluster attached a volume we would hold back, with our reason) and
+// cluster attached a volume we would hold back, with our reason: an
+// undecided mechanism, or a single-node volume another node holds) and
 // would-wait-for-unmount (the cluster detaches a volume we would keep: still
 // mounted, or our max wait for unmount has not passed). The built-in
 // controller needs a few seconds to act, so a disagreement is opened only
