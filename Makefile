@@ -58,9 +58,9 @@ test-integration: tools test-binaries
 	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 20m $$(go list ./test/... | grep -v -e /test/e2e -e /test/sim -e /test/chaos)
 
 # The controller binary with the real CSI external-attacher, a CSI mock driver
-# and simulated kubelets.
+# and simulated kubelets; in shadow mode, beside kube-controller-manager.
 test-e2e: test-binaries
-	hack/build-tools.sh $(E2E_TOOLS)
+	hack/build-tools.sh $(E2E_TOOLS) kube-controller-manager
 	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 10m ./test/e2e/...
 
 # Churn and faults on the real stack (test/chaos): a short run in make test,

@@ -36,6 +36,7 @@ import (
 	"github.com/kube-attach/attach-detach-controller/pkg/migration"
 	"github.com/kube-attach/attach-detach-controller/pkg/nodestatus"
 	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
+	"github.com/kube-attach/attach-detach-controller/pkg/shadow"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
@@ -92,6 +93,11 @@ type Config struct {
 	// informers read, managedFields included (the caches drop them), and
 	// their deletions.
 	Observer Observer
+	// Shadow, when set, runs the controller in shadow mode (pkg/shadow):
+	// beside another attach/detach controller, it compares its decisions
+	// with what the cluster shows and acts on nothing. Client must then
+	// refuse writes (shadow.ReadOnly) and Recorder post nothing.
+	Shadow *shadow.Tracker
 }
 
 // Observer sees the Nodes and VolumeAttachments the informers read.
@@ -186,6 +192,16 @@ type Controller struct {
 	volumeQueue     workqueue.TypedRateLimitingInterface[cache.Key]
 	statusQueue     workqueue.TypedRateLimitingInterface[string]
 
+	// syncVolumeKey and syncNodeStatus sync the volume and node status
+	// queues: the reconciler and the node status writer, or in shadow mode
+	// the comparison and the reading of node.status (shadow.go); with
+	// statusDiffers, chosen once, in New.
+	syncVolumeKey  func(context.Context, cache.Key) error
+	syncNodeStatus func(context.Context, string) error
+	// statusDiffers is called when a Node's status.volumesAttached differs
+	// from what the actual state says is reported.
+	statusDiffers func(ctx context.Context, node string, listed []v1.AttachedVolume)
+
 	// problems remembers the last warning posted per pod volume, so a pod
 	// re-synced many times is told once.
 	mu       sync.Mutex
@@ -275,6 +291,10 @@ func New(cfg Config) (*Controller, error) {
 		volume.KindInTree: mechanism.NewInTree(cfg.InTree),
 	}, cfg.Recorder, cfg.Metrics, cfg.Reconciler)
 	c.writer = nodestatus.NewWriter(cfg.Client, c.actual, NodeInfo)
+	c.syncVolumeKey, c.syncNodeStatus, c.statusDiffers = c.syncVolume, c.syncStatus, c.rewriteStatus
+	if cfg.Shadow != nil {
+		c.syncVolumeKey, c.syncNodeStatus, c.statusDiffers = c.syncShadow, c.mirrorStatus, c.queueMirror
+	}
 
 	if err := c.addHandlers(); err != nil {
 		return nil, err

@@ -22,6 +22,9 @@ type Explanation struct {
 	Error    string   `json:"lastError,omitempty"`
 	// Mechanism is how the volume is attached on the node, and why.
 	Mechanism *Mechanism `json:"mechanism,omitempty"`
+	// Shadow, in shadow mode, is what the cluster shows beside what this
+	// controller would do (Action, Reason).
+	Shadow *ShadowExplanation `json:"shadow,omitempty"`
 }
 
 // Mechanism says which mechanism attaches a volume on a node (a CSI driver
@@ -40,6 +43,7 @@ func (c *Controller) Explain(k cache.Key) Explanation {
 	d := c.reconciler.Decide(k, c.clock.Now())
 	e := explanation(d)
 	e.Mechanism = c.mechanism(d)
+	e.Shadow = c.explainShadow(d)
 	return e
 }
 

@@ -54,6 +54,12 @@ type fixture struct {
 // newFixture returns a controller whose listers and fake clientset hold objs.
 func newFixture(t *testing.T, objs ...runtime.Object) *fixture {
 	t.Helper()
+	return newFixtureWith(t, nil, objs...)
+}
+
+// newFixtureWith is newFixture with the configuration changed by configure.
+func newFixtureWith(t *testing.T, configure func(*Config), objs ...runtime.Object) *fixture {
+	t.Helper()
 	f := &fixture{
 		t:      t,
 		ctx:    klog.NewContext(context.Background(), ktesting.NewLogger(t, ktesting.NewConfig())),
@@ -62,7 +68,7 @@ func newFixture(t *testing.T, objs ...runtime.Object) *fixture {
 		clock:  clocktesting.NewFakeClock(epoch),
 		queues: map[string]*testQueue[string]{},
 	}
-	c, err := New(Config{
+	cfg := Config{
 		Client:        f.client,
 		Recorder:      f.events,
 		Metrics:       metrics.New(),
@@ -81,7 +87,11 @@ func newFixture(t *testing.T, objs ...runtime.Object) *fixture {
 			f.volumes = newTestQueue[cache.Key]()
 			return f.volumes
 		},
-	})
+	}
+	if configure != nil {
+		configure(&cfg)
+	}
+	c, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

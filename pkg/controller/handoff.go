@@ -19,6 +19,10 @@ const handoffPoll = 100 * time.Millisecond
 func (c *Controller) handOver(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	timeout := c.cfg.HandoffTimeout
+	if c.cfg.Shadow != nil {
+		// It acted on nothing: nothing to hand over.
+		return
+	}
 	if timeout <= 0 {
 		logger.Info("Stopping without a handoff")
 		return

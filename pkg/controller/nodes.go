@@ -52,10 +52,8 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 		// and a create may reach this sync as one) or unmanaged.
 		c.enqueuePods(indexByNode, name)
 	}
-	if !sameAttached(node.Status.VolumesAttached, c.actual.Reported(name)) && !c.actual.ReportInFlight(name) {
-		klog.FromContext(ctx).V(2).Info("Node status lists other attached volumes than written; rewriting it")
-		c.actual.ObserveReport(name, node.Status.VolumesAttached)
-		c.statusQueue.Add(name)
+	if !sameAttached(node.Status.VolumesAttached, c.actual.Reported(name)) {
+		c.statusDiffers(ctx, name, node.Status.VolumesAttached)
 	}
 	c.touch(touched...)
 	return nil
@@ -96,4 +94,16 @@ func sameAttached(a, b []v1.AttachedVolume) bool {
 		return 0
 	})
 	return slices.Equal(a, b)
+}
+
+// rewriteStatus is statusDiffers outside shadow mode: node.status lists
+// other volumes than the controller wrote (someone else wrote it, or the
+// object predates the controller's last write), so it is written again.
+func (c *Controller) rewriteStatus(ctx context.Context, name string, listed []v1.AttachedVolume) {
+	if c.actual.ReportInFlight(name) {
+		return
+	}
+	klog.FromContext(ctx).V(2).Info("Node status lists other attached volumes than written; rewriting it")
+	c.actual.ObserveReport(name, listed)
+	c.statusQueue.Add(name)
 }

@@ -46,9 +46,9 @@ func (c *Controller) Process(ctx context.Context, queue string) bool {
 	case QueueVolumeAttachments:
 		return process(ctx, c.attachmentQueue, keyKV("volumeAttachment"), c.syncAttachment, &c.observing)
 	case QueueNodeStatus:
-		return process(ctx, c.statusQueue, keyKV("node"), c.syncStatus, &c.observing)
+		return process(ctx, c.statusQueue, keyKV("node"), c.syncNodeStatus, &c.observing)
 	case QueueVolumes:
-		return process(ctx, c.volumeQueue, volumeKV, c.syncVolume, nil)
+		return process(ctx, c.volumeQueue, volumeKV, c.syncVolumeKey, nil)
 	}
 	panic("unknown queue " + queue)
 }

@@ -49,6 +49,14 @@ type env struct {
 // controller. migrated lists the in-tree plugins the nodes migrate to CSI.
 func newEnv(t *testing.T, base string, nodes int, migrated ...string) *env {
 	t.Helper()
+	e := newEnvWithoutController(t, base, nodes, migrated...)
+	e.startController()
+	return e
+}
+
+// newEnvWithoutController is newEnv, the controller left to the test.
+func newEnvWithoutController(t *testing.T, base string, nodes int, migrated ...string) *env {
+	t.Helper()
 	suffix := make([]byte, 2)
 	if _, err := rand.Read(suffix); err != nil {
 		t.Fatal(err)
@@ -66,14 +74,14 @@ func newEnv(t *testing.T, base string, nodes int, migrated ...string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.startController()
 	return e
 }
 
-// startController starts a controller and waits until it is ready.
-func (e *env) startController() {
+// startController starts a controller with extraArgs and waits until it is
+// ready.
+func (e *env) startController(extraArgs ...string) {
 	e.t.Helper()
-	c, err := st.StartController(e.ctx)
+	c, err := st.StartController(e.ctx, extraArgs...)
 	if c != nil {
 		e.controllers = append(e.controllers, c)
 	}

@@ -5,7 +5,9 @@
 // what users see: volumes attached and reported in node status, mounted,
 // detached after unmount, handed over between nodes, migrated in-tree volumes
 // attached through the CSI driver, and restarts, graceful or killed, that
-// detach nothing and converge.
+// detach nothing and converge. In shadow mode beside the real
+// kube-controller-manager (its kube-controller-manager binary too), the
+// controller finds no disagreement on the demo's workload.
 //
 // One cluster with its drivers and attachers serves the package. Each test
 // runs its own kubeletsim (nodes named after the test), its own namespace and

@@ -18,6 +18,9 @@ import (
 	"github.com/kube-attach/attach-detach-controller/pkg/server"
 )
 
+// DefaultLeaseName is the default --leader-elect-resource-name.
+const DefaultLeaseName = "attach-detach-controller"
+
 // Options are the command line settings.
 type Options struct {
 	Kubeconfig string
@@ -44,6 +47,11 @@ type Options struct {
 	// MaxWaitForUnmountDeletedNode is the wait on a node whose Node object
 	// is gone; nil: MaxWaitForUnmount.
 	MaxWaitForUnmountDeletedNode *time.Duration
+	// Shadow runs the controller beside another attach/detach controller,
+	// comparing and writing nothing (pkg/shadow); ShadowGracePeriod is how
+	// long a disagreement lasts before it is reported.
+	Shadow            bool
+	ShadowGracePeriod time.Duration
 
 	ShowVersion bool
 }
@@ -61,7 +69,7 @@ func NewOptions() *Options {
 			RenewDeadline:     durationOf(10 * time.Second),
 			RetryPeriod:       durationOf(2 * time.Second),
 			ResourceLock:      "leases",
-			ResourceName:      "attach-detach-controller",
+			ResourceName:      DefaultLeaseName,
 			ResourceNamespace: "kube-system",
 		},
 		Serving:                server.NewOptions(),
@@ -71,6 +79,7 @@ func NewOptions() *Options {
 		OtherWriterCheckPeriod: time.Minute,
 		CSIMigration:           migration.PolicyPerNode,
 		HandoffTimeout:         15 * time.Second,
+		ShadowGracePeriod:      time.Minute,
 	}
 }
 
@@ -83,7 +92,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	options.BindLeaderElectionFlags(&o.LeaderElection, fs)
 	o.Serving.AddFlags(fs)
 	fs.StringVar(&o.HTTPEndpoint, "http-endpoint", o.HTTPEndpoint,
-		"Address (host:port) serving /metrics, /healthz, /livez and /readyz in plain HTTP without authentication, for local use (never /explain). Empty: not served.")
+		"Address (host:port) serving /metrics, /healthz, /livez and /readyz in plain HTTP without authentication, for local use (never /explain nor /shadow). Empty: not served.")
 	fs.DurationVar(&o.ReconcileSyncPeriod, "attach-detach-reconcile-sync-period", o.ReconcileSyncPeriod,
 		"Period of the sync that compares attached volumes with their VolumeAttachments (at least 1s).")
 	fs.BoolVar(&o.DisableReconcileSync, "disable-attach-detach-reconcile-sync", o.DisableReconcileSync, "Disable the periodic sync.")
@@ -107,6 +116,13 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 			"starting none, and lists in node status every volume attached, before it exits: the next controller "+
 			"(a standby, or kube-controller-manager after a rollback) then finds no VolumeAttachment it could take for unattached. "+
 			"0: exit at once. Keep it below the pod's terminationGracePeriodSeconds.")
+	fs.BoolVar(&o.Shadow, "shadow", o.Shadow,
+		"Shadow mode: run beside kube-controller-manager's attach/detach controller, decide as usual and write nothing "+
+			"(no VolumeAttachment, node status or event; only the Lease of leader election); report where this controller "+
+			"would act otherwise than the cluster shows (metrics, logs, /shadow, /explain).")
+	fs.DurationVar(&o.ShadowGracePeriod, "shadow-grace-period", o.ShadowGracePeriod,
+		"In shadow mode, how long a disagreement with the cluster must last before it is reported (at least 1s): "+
+			"the other controller needs a few seconds to act.")
 	fs.BoolVar(&o.ShowVersion, "version", false, "Print the version and exit.")
 }
 
@@ -133,6 +149,14 @@ func (o *Options) Validate(gate featuregate.FeatureGate) error {
 	}
 	if o.HandoffTimeout < 0 || o.HandoffTimeout > 10*time.Minute {
 		errs = append(errs, fmt.Errorf("--handoff-timeout must be between 0 and 10m, got %s", o.HandoffTimeout))
+	}
+	if o.ShadowGracePeriod < time.Second {
+		errs = append(errs, fmt.Errorf("--shadow-grace-period must be at least 1s, got %s", o.ShadowGracePeriod))
+	}
+	if o.Shadow && o.LeaderElection.LeaderElect && o.LeaderElection.ResourceName == DefaultLeaseName {
+		errs = append(errs, fmt.Errorf("--shadow with --leader-elect needs a Lease of its own, not the controller's %q: "+
+			"set --leader-elect-resource-name (for example %s-shadow), or the shadow would keep the controller from leading at the cut-over",
+			DefaultLeaseName, DefaultLeaseName))
 	}
 	if _, err := migration.CompletedMigrations(o.CSIMigration); err != nil {
 		errs = append(errs, fmt.Errorf("--csi-migration must be one of %s, got %q", strings.Join(migration.Policies(), ", "), o.CSIMigration))

@@ -73,3 +73,37 @@ func TestPolicyFlags(t *testing.T) {
 		})
 	}
 }
+
+func TestShadowFlags(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		check   func(*Options) bool
+		wantErr string
+	}{
+		{name: "off by default", check: func(o *Options) bool { return !o.Shadow && o.ShadowGracePeriod == time.Minute }},
+		{name: "with a Lease of its own", args: []string{"--shadow", "--leader-elect-resource-name=attach-detach-controller-shadow", "--shadow-grace-period=20s"},
+			check: func(o *Options) bool { return o.Shadow && o.ShadowGracePeriod == 20*time.Second }},
+		{name: "without leader election", args: []string{"--shadow", "--leader-elect=false"},
+			check: func(o *Options) bool { return o.Shadow }},
+		{name: "on the controller's Lease", args: []string{"--shadow"},
+			wantErr: `--shadow with --leader-elect needs a Lease of its own, not the controller's "attach-detach-controller"`},
+		{name: "grace period too short", args: []string{"--shadow", "--leader-elect=false", "--shadow-grace-period=500ms"},
+			wantErr: "--shadow-grace-period must be at least 1s, got 500ms"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parse(t, tc.args...)
+			switch {
+			case tc.wantErr != "":
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Errorf("error = %v, want one containing %q", err, tc.wantErr)
+				}
+			case err != nil:
+				t.Errorf("unexpected error: %v", err)
+			case !tc.check(o):
+				t.Errorf("options not as expected: %+v", o)
+			}
+		})
+	}
+}

@@ -34,6 +34,7 @@ import (
 	"github.com/kube-attach/attach-detach-controller/pkg/migration"
 	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
 	"github.com/kube-attach/attach-detach-controller/pkg/server"
+	"github.com/kube-attach/attach-detach-controller/pkg/shadow"
 )
 
 // Retry policy after a failed operation, as upstream: 500ms doubling, capped
@@ -95,7 +96,19 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 		return err
 	}
 
-	client, err := kubernetes.NewForConfig(rest.AddUserAgent(config, "attach-detach-controller"))
+	// The controller's own clients; leader election has its own (runLeading).
+	controllerConfig := config
+	if o.Shadow {
+		// Shadow mode writes nothing: a request that is not a read fails
+		// before it leaves the process.
+		readOnly, err := shadow.NewReadOnly(logger, reg)
+		if err != nil {
+			return err
+		}
+		controllerConfig = readOnly.Wrap(config)
+		logger.Info("Shadow mode: comparing with the cluster, writing nothing", "gracePeriod", o.ShadowGracePeriod)
+	}
+	client, err := kubernetes.NewForConfig(rest.AddUserAgent(controllerConfig, "attach-detach-controller"))
 	if err != nil {
 		return fmt.Errorf("create client: %w", err)
 	}
@@ -129,7 +142,7 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 		if g != nil {
 			defer g.Unregister()
 		}
-		c, err := newController(ctx, o, config, client, reg, g)
+		c, err := newController(ctx, o, controllerConfig, client, reg, g)
 		if err != nil {
 			return err
 		}
@@ -150,7 +163,8 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 // newGuard returns the watch for another attach/detach controller
 // (pkg/guard), fed by the controller's informers; nil when turned off.
 func newGuard(o *Options, reg prometheus.Registerer) (*guard.Guard, error) {
-	if o.OtherWriterCheckPeriod == 0 {
+	// In shadow mode the other writer is expected: it is what is compared.
+	if o.OtherWriterCheckPeriod == 0 || o.Shadow {
 		return nil, nil
 	}
 	// The API server names a writer after its user agent's first word: the
@@ -219,14 +233,10 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 		return nil, fmt.Errorf("--csi-migration: %w", err)
 	}
 	logger.Info("CSI migration policy", "policy", o.CSIMigration, "migratedOnEveryNode", completed)
-	// Events have a client, and so a rate limiter, of their own: posting
-	// them must not slow attaches down.
-	eventClient, err := kubernetes.NewForConfig(rest.AddUserAgent(config, "attach-detach-controller-events"))
+	broadcaster, err := newBroadcaster(ctx, o, config)
 	if err != nil {
-		return nil, fmt.Errorf("create event client: %w", err)
+		return nil, err
 	}
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: eventClient.CoreV1().Events("")})
 	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "attachdetach-controller"})
 	var observer controller.Observer
 	if g != nil {
@@ -235,7 +245,15 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 	}
 	m := metrics.New()
 	if err := m.Register(reg); err != nil {
+		broadcaster.Shutdown()
 		return nil, fmt.Errorf("register metrics: %w", err)
+	}
+	var tracker *shadow.Tracker
+	if o.Shadow {
+		if tracker, err = shadow.NewTracker(o.ShadowGracePeriod, time.Now(), reg); err != nil {
+			broadcaster.Shutdown()
+			return nil, err
+		}
 	}
 	c, err := controller.New(controller.Config{
 		Client:              client,
@@ -251,6 +269,7 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 		},
 		InTree:        intree.Builtin(),
 		Observer:      observer,
+		Shadow:        tracker,
 		Workers:       o.Workers,
 		StatusWorkers: statusWorkers,
 		SyncPeriod:    syncPeriod(o),
@@ -269,6 +288,26 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 		return nil, err
 	}
 	return &controllerRun{c: c, broadcaster: broadcaster}, nil
+}
+
+// newBroadcaster returns the event broadcaster: posting to the API through
+// a client of its own, or, in shadow mode, only logging (at level 4) the
+// events the controller would post.
+func newBroadcaster(ctx context.Context, o *Options, config *rest.Config) (record.EventBroadcaster, error) {
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	if o.Shadow {
+		broadcaster.StartStructuredLogging(4)
+		return broadcaster, nil
+	}
+	// Events have a client, and so a rate limiter, of their own: posting
+	// them must not slow attaches down.
+	eventClient, err := kubernetes.NewForConfig(rest.AddUserAgent(config, "attach-detach-controller-events"))
+	if err != nil {
+		broadcaster.Shutdown()
+		return nil, fmt.Errorf("create event client: %w", err)
+	}
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: eventClient.CoreV1().Events("")})
+	return broadcaster, nil
 }
 
 func syncPeriod(o *Options) time.Duration {
@@ -383,6 +422,7 @@ type endpoints struct {
 	healthz http.HandlerFunc
 	readyz  http.HandlerFunc
 	explain http.HandlerFunc
+	shadow  http.HandlerFunc
 }
 
 // newElector returns the leader elector of cfg with healthz (when not nil)
@@ -435,11 +475,20 @@ func newEndpoints(reg *prometheus.Registry, healthz *leaderelection.HealthzAdapt
 			}
 			c.ServeHTTP(w, r)
 		},
+		shadow: func(w http.ResponseWriter, r *http.Request) {
+			c := current.Load()
+			if c == nil {
+				http.Error(w, "not leading: ask the leader", http.StatusServiceUnavailable)
+				return
+			}
+			c.ServeShadow(w, r)
+		},
 	}
 }
 
-// mux serves the endpoints; /explain only when explain is set, since it
-// tells about pods of every namespace and must stay behind authorization.
+// mux serves the endpoints; /explain and /shadow only when explain is set,
+// since they tell about pods of every namespace and must stay behind
+// authorization.
 func (e *endpoints) mux(explain bool) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", e.metrics)
@@ -448,6 +497,7 @@ func (e *endpoints) mux(explain bool) *http.ServeMux {
 	mux.HandleFunc("/readyz", e.readyz)
 	if explain {
 		mux.HandleFunc("/explain", e.explain)
+		mux.HandleFunc("/shadow", e.shadow)
 	}
 	return mux
 }
@@ -476,7 +526,7 @@ func serveSecure(ctx context.Context, o *Options, e *endpoints) (func(), error) 
 }
 
 // serveHTTP serves /metrics, /healthz, /livez and /readyz in plain HTTP
-// without authentication, for local use; never /explain.
+// without authentication, for local use; never /explain nor /shadow.
 func serveHTTP(ctx context.Context, addr string, e *endpoints) (func(), error) {
 	if addr == "" {
 		return func() {}, nil

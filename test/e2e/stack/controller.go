@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kube-attach/attach-detach-controller/pkg/shadow"
 	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
@@ -174,4 +175,20 @@ func (c *Controller) Explain(ctx context.Context, pod string) (explanations []Ex
 		return nil, string(body), fmt.Errorf("decode /explain?pod=%s: %w", pod, err)
 	}
 	return explanations, string(body), nil
+}
+
+// ShadowReport reads /shadow, the report of a controller in shadow mode. raw
+// is the JSON as served.
+func (c *Controller) ShadowReport(ctx context.Context) (report shadow.Summary, raw string, err error) {
+	body, code, err := c.get(ctx, "/shadow")
+	if err != nil {
+		return report, "", err
+	}
+	if code != http.StatusOK {
+		return report, string(body), fmt.Errorf("get /shadow: status %d: %s", code, body)
+	}
+	if err := json.Unmarshal(body, &report); err != nil {
+		return report, string(body), fmt.Errorf("decode /shadow: %w", err)
+	}
+	return report, string(body), nil
 }

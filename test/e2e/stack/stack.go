@@ -73,6 +73,7 @@ type Stack struct {
 	Drivers []string
 
 	logger        klog.Logger
+	binDir        string
 	controllerBin string
 	kubeletsimBin string
 
@@ -123,6 +124,7 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 		Cluster:       cluster,
 		Drivers:       drivers,
 		logger:        opts.Logger,
+		binDir:        binDir,
 		controllerBin: bins[ControllerBinary],
 		kubeletsimBin: bins[KubeletsimBinary],
 		started:       map[string]int{},

@@ -11,7 +11,10 @@
 //     alert rules and the Grafana dashboard use is too;
 //   - the cut-over of docs/operations.md: kube-controller-manager's
 //     attachdetach controller attaches, is stopped, this controller takes
-//     over, and back, with no VolumeAttachment deleted.
+//     over, and back, with no VolumeAttachment deleted;
+//   - shadow mode (manifests/overlays/shadow) beside kube-controller-manager:
+//     agreement where both agree, the known differences reported, no write
+//     but the Lease in the audit log.
 //
 // It needs, in _output/bin (or $ADC_BIN_DIR): etcd, kube-apiserver, kustomize
 // and kube-controller-manager, built by hack/build-tools.sh.

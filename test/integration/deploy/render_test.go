@@ -21,6 +21,7 @@ import (
 const (
 	baseKustomization    = "manifests"
 	overlayKustomization = "manifests/overlays/prometheus-operator"
+	shadowKustomization  = "manifests/overlays/shadow"
 )
 
 // render runs kustomize build (what kubectl kustomize runs) on a directory of
@@ -102,7 +103,13 @@ type rendered struct {
 
 func renderBase(t *testing.T) *rendered {
 	t.Helper()
-	_, objs := render(t, baseKustomization)
+	return renderDir(t, baseKustomization)
+}
+
+// renderDir renders the base, or an overlay that keeps its objects.
+func renderDir(t *testing.T, dir string) *rendered {
+	t.Helper()
+	_, objs := render(t, dir)
 	return &rendered{
 		objects:            objs,
 		serviceAccount:     find(t, objs, "ServiceAccount", ""),

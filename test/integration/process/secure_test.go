@@ -168,6 +168,11 @@ func TestSecureEndpoint(t *testing.T) {
 		{"the metrics reader", metricsReader, explain, http.StatusForbidden},
 		{"the explain reader", explainer, explain, http.StatusOK},
 		{"the explain reader", explainer, "/metrics", http.StatusForbidden},
+		// /shadow has the readers of /explain; outside shadow mode it
+		// answers 404.
+		{"anonymous", "", "/shadow", http.StatusUnauthorized},
+		{"the metrics reader", metricsReader, "/shadow", http.StatusForbidden},
+		{"the explain reader", explainer, "/shadow", http.StatusNotFound},
 		{"an admin (system:masters)", cluster.Config.BearerToken, "/metrics", http.StatusOK},
 	} {
 		// Polled: RBAC bindings reach the authorizer's cache within moments.
@@ -182,13 +187,15 @@ func TestSecureEndpoint(t *testing.T) {
 		}
 	}
 
-	// The plain endpoint is for local use: never /explain.
-	code, err := getAs(plain+explain, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if code != http.StatusNotFound {
-		t.Errorf("--http-endpoint GET /explain: %d, want 404", code)
+	// The plain endpoint is for local use: never /explain nor /shadow.
+	for _, path := range []string{explain, "/shadow"} {
+		code, err := getAs(plain+path, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code != http.StatusNotFound {
+			t.Errorf("--http-endpoint GET %s: %d, want 404", path, code)
+		}
 	}
 	if code, err := getAs(plain+"/healthz", ""); err != nil || code != http.StatusOK {
 		t.Errorf("--http-endpoint GET /healthz: %d (%v), want 200", code, err)

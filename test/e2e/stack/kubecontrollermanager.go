@@ -1,0 +1,48 @@
+package stack
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// KubeControllerManagerBinary is the real kube-controller-manager, in BinDir
+// (hack/build-tools.sh kube-controller-manager).
+const KubeControllerManagerBinary = "kube-controller-manager"
+
+// StartKubeControllerManager starts the real kube-controller-manager with
+// only its attachdetach controller, the one this controller replaces: no
+// leader election, no serving, no service account credentials (nothing
+// issues them here), and a FlexVolume directory of its own. It returns once
+// the controller is started.
+func (s *Stack) StartKubeControllerManager(ctx context.Context) (*Process, error) {
+	bin := filepath.Join(s.binDir, KubeControllerManagerBinary)
+	if err := checkBinary(bin, "hack/build-tools.sh kube-controller-manager"); err != nil {
+		return nil, err
+	}
+	flexDir, err := os.MkdirTemp(s.Cluster.Dir, "flexvolume-")
+	if err != nil {
+		return nil, err
+	}
+	p, err := s.start(KubeControllerManagerBinary, bin,
+		"--kubeconfig="+s.Cluster.Kubeconfig,
+		"--controllers=attachdetach",
+		"--leader-elect=false",
+		"--secure-port=0",
+		"--use-service-account-credentials=false",
+		"--flex-volume-plugin-dir="+flexDir,
+		"--v=2",
+	)
+	if err != nil {
+		return nil, err
+	}
+	err = poll(ctx, startTimeout, p, "start of "+p.Name, func(context.Context) (bool, error) {
+		return strings.Contains(p.Tail(1<<20), `"Starting attach detach controller"`), nil
+	})
+	if err != nil {
+		return p, err
+	}
+	s.logger.V(1).Info("kube-controller-manager started", "pid", p.Pid(), "log", p.LogPath)
+	return p, nil
+}
