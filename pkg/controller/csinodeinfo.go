@@ -4,6 +4,9 @@ import (
 	"context"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -14,8 +17,21 @@ import (
 )
 
 // DefaultCSINodeInfoCheckPeriod is how often discovery is asked whether the
-// CSINodeInfo CRD is served, when Config does not say.
-const DefaultCSINodeInfoCheckPeriod = 5 * time.Second
+// CSINodeInfo CRD is served, when Config does not say. A watch of the CRD
+// object asks at once when it changes; the period only covers a watch that
+// cannot tell (its events lost, or no permission to watch CRDs).
+const DefaultCSINodeInfoCheckPeriod = 10 * time.Minute
+
+// crdRecheck are the delays, after a change of the CRD object, of the checks
+// that follow it: discovery serves a new CRD version a moment after the CRD
+// says it is established.
+var crdRecheck = []time.Duration{0, time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second}
+
+// crdGVR names CustomResourceDefinitions; csiNodeInfoCRD is the one of
+// CSINodeInfo.
+var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+const csiNodeInfoCRD = "csinodeinfos.csi.storage.k8s.io"
 
 // nodeInfos follows the CSINodeInfo CRD while the controller runs: when the
 // CRD becomes served it starts an informer for its objects and, once synced,
@@ -49,17 +65,59 @@ func (n *nodeInfos) start(ctx context.Context, timeout time.Duration) {
 	n.check(ctx, timeout)
 }
 
-// run checks every period until ctx is cancelled. The caller stops the
-// informer (stopInformer) after run has returned.
+// run checks whenever the CRD object changes (and a few times after, see
+// crdRecheck), and every period, until ctx is cancelled. The caller stops
+// the CSINodeInfo informer (stopInformer) after run has returned.
 func (n *nodeInfos) run(ctx context.Context) {
+	changed := make(chan struct{}, 1)
+	notify := func(any) {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	crds := dynamicinformer.NewFilteredDynamicInformer(n.dynamic, crdGVR, "", 0, toolscache.Indexers{},
+		func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", csiNodeInfoCRD).String()
+		}).Informer()
+	if _, err := crds.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { notify(o) },
+		UpdateFunc: func(_, o any) { notify(o) },
+		DeleteFunc: notify,
+	}); err != nil {
+		klog.FromContext(ctx).Error(err, "Watch the CSINodeInfo CRD; checking it every period only", "period", n.period)
+	} else {
+		crdCtx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			crds.RunWithContext(crdCtx)
+		}()
+		defer func() {
+			stop()
+			<-done
+		}()
+	}
 	ticker := time.NewTicker(n.period)
 	defer ticker.Stop()
+	recheck := time.NewTimer(0)
+	<-recheck.C
+	defer recheck.Stop()
+	next := len(crdRecheck)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
 			n.check(ctx, n.period)
+		case <-changed:
+			next = 0
+			recheck.Reset(crdRecheck[0])
+		case <-recheck.C:
+			n.check(ctx, 10*time.Second)
+			if next++; next < len(crdRecheck) {
+				recheck.Reset(crdRecheck[next] - crdRecheck[next-1])
+			}
 		}
 	}
 }
