@@ -123,8 +123,13 @@ func (c *Controller) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "want ?pod=<namespace>/<name> or ?volume=<unique volume name>&node=<node>", http.StatusBadRequest)
 		return
 	}
+	writeJSON(w, body)
+}
+
+// writeJSON answers with v as indented JSON, for people as much as tools.
+func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	_ = enc.Encode(body)
+	_ = enc.Encode(v)
 }

@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
@@ -164,8 +163,5 @@ func (c *Controller) ServeShadow(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "not in shadow mode (--shadow)", http.StatusNotFound)
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(s)
+	writeJSON(w, s)
 }

@@ -27,12 +27,7 @@ func parse(t *testing.T, args ...string) (*Options, error) {
 }
 
 func TestPolicyFlags(t *testing.T) {
-	tests := []struct {
-		name    string
-		args    []string
-		check   func(*Options) bool
-		wantErr string
-	}{
+	tests := []flagTest{
 		{name: "defaults", check: func(o *Options) bool {
 			return o.CSIMigration == "per-node" && o.MaxWaitForUnmountDeletedNode == nil
 		}},
@@ -57,30 +52,11 @@ func TestPolicyFlags(t *testing.T) {
 		{name: "deleted-node wait not a duration", args: []string{"--max-wait-for-unmount-deleted-node=soon"},
 			wantErr: `invalid argument "soon" for "--max-wait-for-unmount-deleted-node" flag`},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			o, err := parse(t, tc.args...)
-			switch {
-			case tc.wantErr != "":
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Errorf("error = %v, want one containing %q", err, tc.wantErr)
-				}
-			case err != nil:
-				t.Errorf("unexpected error: %v", err)
-			case !tc.check(o):
-				t.Errorf("options not as expected: %+v", o)
-			}
-		})
-	}
+	runFlagTests(t, tests)
 }
 
 func TestShadowFlags(t *testing.T) {
-	tests := []struct {
-		name    string
-		args    []string
-		check   func(*Options) bool
-		wantErr string
-	}{
+	tests := []flagTest{
 		{name: "off by default", check: func(o *Options) bool { return !o.Shadow && o.ShadowGracePeriod == time.Minute }},
 		{name: "with a Lease of its own", args: []string{"--shadow", "--leader-elect-resource-name=attach-detach-controller-shadow", "--shadow-grace-period=20s"},
 			check: func(o *Options) bool { return o.Shadow && o.ShadowGracePeriod == 20*time.Second }},
@@ -91,6 +67,20 @@ func TestShadowFlags(t *testing.T) {
 		{name: "grace period too short", args: []string{"--shadow", "--leader-elect=false", "--shadow-grace-period=500ms"},
 			wantErr: "--shadow-grace-period must be at least 1s, got 500ms"},
 	}
+	runFlagTests(t, tests)
+}
+
+// flagTest is a command line and what it must give: options that check
+// accepts, or an error containing wantErr.
+type flagTest struct {
+	name    string
+	args    []string
+	check   func(*Options) bool
+	wantErr string
+}
+
+func runFlagTests(t *testing.T, tests []flagTest) {
+	t.Helper()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := parse(t, tc.args...)

@@ -467,22 +467,8 @@ func newEndpoints(reg *prometheus.Registry, healthz *leaderelection.HealthzAdapt
 			}
 			fmt.Fprintln(w, "ok")
 		},
-		explain: func(w http.ResponseWriter, r *http.Request) {
-			c := current.Load()
-			if c == nil {
-				http.Error(w, "not leading: ask the leader", http.StatusServiceUnavailable)
-				return
-			}
-			c.ServeHTTP(w, r)
-		},
-		shadow: func(w http.ResponseWriter, r *http.Request) {
-			c := current.Load()
-			if c == nil {
-				http.Error(w, "not leading: ask the leader", http.StatusServiceUnavailable)
-				return
-			}
-			c.ServeShadow(w, r)
-		},
+		explain: leaderOnly(current, (*controller.Controller).ServeHTTP),
+		shadow:  leaderOnly(current, (*controller.Controller).ServeShadow),
 	}
 }
 
@@ -553,4 +539,18 @@ func serveHTTP(ctx context.Context, addr string, e *endpoints) (func(), error) {
 		defer cancel()
 		_ = srv.Shutdown(shutdownCtx)
 	}, nil
+}
+
+// leaderOnly serves h of the running controller; a replica that does not
+// lead has none and says so.
+func leaderOnly(current *atomic.Pointer[controller.Controller],
+	h func(*controller.Controller, http.ResponseWriter, *http.Request)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		c := current.Load()
+		if c == nil {
+			http.Error(w, "not leading: ask the leader", http.StatusServiceUnavailable)
+			return
+		}
+		h(c, w, r)
+	}
 }
