@@ -32,6 +32,14 @@ var sizes = map[string][2]int{
 	"large": {1000, 10},
 }
 
+// The defaults of -qps, -burst and -controllers: the budget
+// kube-controller-manager's --kube-api-qps / --kube-api-burst default to.
+const (
+	defaultQPS         = 20
+	defaultBurst       = 30
+	defaultControllers = "ours,kcm"
+)
+
 type flags struct {
 	size, controllers, binDir, oursBinary, results, workDir, goBench string
 	nodes, podsPerNode, burst, rounds                                int
@@ -47,9 +55,9 @@ func main() {
 	flag.StringVar(&f.size, "size", "small", "workload: small (50 nodes x 10 pods) or large (1000 x 10)")
 	flag.IntVar(&f.nodes, "nodes", 0, "override the number of nodes of -size")
 	flag.IntVar(&f.podsPerNode, "pods-per-node", 0, "override the pods per node of -size")
-	flag.StringVar(&f.controllers, "controllers", "ours,kcm", "controllers to run, in order: ours, kcm")
-	flag.Float64Var(&f.qps, "qps", 20, "--kube-api-qps of both controllers")
-	flag.IntVar(&f.burst, "burst", 30, "--kube-api-burst of both controllers")
+	flag.StringVar(&f.controllers, "controllers", defaultControllers, "controllers to run, in order: ours, kcm")
+	flag.Float64Var(&f.qps, "qps", defaultQPS, "--kube-api-qps of both controllers")
+	flag.IntVar(&f.burst, "burst", defaultBurst, "--kube-api-burst of both controllers")
 	flag.DurationVar(&f.idle, "idle", time.Minute, "length of the idle phase")
 	flag.DurationVar(&f.quiet, "quiet", 10*time.Second, "after each phase and churn round, wait until the controller has made no API request for this long...")
 	flag.DurationVar(&f.maxSettle, "max-settle", 10*time.Minute, "...but at most this long")
@@ -147,7 +155,7 @@ func run(f flags) error {
 	if !filepath.IsAbs(dir) {
 		dir = filepath.Join(root, dir)
 	}
-	path := filepath.Join(dir, now.Format("2006-01-02")+"-"+f.size+".md")
+	path := filepath.Join(dir, now.Format("2006-01-02")+"-"+reportName(f)+".md")
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("create results directory: %w", err)
 	}
@@ -173,6 +181,29 @@ func run(f flags) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// reportName names the report after the size, with what differs from the
+// size's defaults (nodes, pods per node, API budget), so that runs of one day
+// with different settings do not overwrite each other.
+func reportName(f flags) string {
+	name := f.size
+	if f.nodes > 0 {
+		name += fmt.Sprintf("-%dnodes", f.nodes)
+	}
+	if f.podsPerNode > 0 {
+		name += fmt.Sprintf("-%dpods", f.podsPerNode)
+	}
+	if f.qps != defaultQPS || f.burst != defaultBurst {
+		name += fmt.Sprintf("-qps%g", f.qps)
+		if f.burst != defaultBurst {
+			name += fmt.Sprintf("-burst%d", f.burst)
+		}
+	}
+	if f.controllers != defaultControllers {
+		name += "-" + strings.ReplaceAll(f.controllers, ",", "-")
+	}
+	return name
 }
 
 // runAll starts the cluster, the test attacher and the observer, runs each
