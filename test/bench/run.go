@@ -336,26 +336,25 @@ func (r *runner) teardown(ctx context.Context, p *PhaseResult) error {
 	return err
 }
 
-// settle waits until the controller has made no API request for Quiet (its
-// audit log, which holds only the controllers' requests, stops growing), at
-// most MaxSettle. It returns when the last request was seen, from start.
+// settle waits until the controller has made no API request for Quiet
+// (discovery GETs aside: see auditTail.busy), at most MaxSettle. It returns
+// when the last request was seen, from start.
 func (r *runner) settle(ctx context.Context, start time.Time) (time.Duration, error) {
 	const every = 200 * time.Millisecond
-	size := func() int64 {
-		if fi, err := os.Stat(r.env.AuditLog); err == nil {
-			return fi.Size()
-		}
-		return -1
-	}
-	last, changed := size(), time.Now()
+	tail := newAuditTail(r.env.AuditLog)
+	changed := time.Now()
 	begin := changed
 	for {
 		if err := pause(ctx, every); err != nil {
 			return 0, err
 		}
 		now := time.Now()
-		if s := size(); s != last {
-			last, changed = s, now
+		busy, err := tail.busy()
+		if err != nil {
+			return 0, err
+		}
+		if busy {
+			changed = now
 		}
 		if now.Sub(changed) >= r.cfg.Quiet {
 			return changed.Sub(start), nil

@@ -55,7 +55,8 @@ func notes(cfg bench.Config, ctrls []bench.Controller) []string {
 			"(old attachment detached, then new one attached: ReadWriteOnce); done = old VolumeAttachments gone, new ones attached and every node.status exact. " +
 			"teardown: every pod deleted.",
 		fmt.Sprintf("After each phase and each churn round the harness waits until the controller has made no API request for %s (its trailing work, mostly events, "+
-			"counts for the phase: \"last API request\"), so that the next phase starts from a quiet controller and a full token bucket.", cfg.Quiet),
+			"counts for the phase: \"last API request\"), so that the next phase starts from a quiet controller and a full token bucket. "+
+			"Discovery GETs do not count as work there: ours asks every 5 s whether the CSINodeInfo CRD is served; they are counted in the tables.", cfg.Quiet),
 		fmt.Sprintf("API floor = (W − burst) / QPS with QPS=%g, burst=%d, W the writes no controller can avoid: burst VolumeAttachments: V creates; "+
 			"burst node status: V creates + N node status patches; churn round moving v volumes across n nodes: v deletes + v creates + n status patches "+
 			"(a controller that writes each change at once needs 2n: withdraw before the detach, report after the attach); "+
