@@ -34,15 +34,25 @@ type auditEvent struct {
 	ObjectRef *struct {
 		Resource    string `json:"resource"`
 		Subresource string `json:"subresource"`
+		Name        string `json:"name"`
 	} `json:"objectRef"`
 	RequestReceived time.Time `json:"requestReceivedTimestamp"`
 }
 
 // Window is a named time span requests are attributed to, by the time the
-// apiserver received them.
+// apiserver received them. A window with Objects takes only the requests on
+// objects of those names; a request counts in the first window that takes it.
 type Window struct {
 	Name       string
 	Start, End time.Time
+	Objects    map[string]bool
+}
+
+func (w Window) takes(ev auditEvent) bool {
+	if ev.RequestReceived.Before(w.Start) || !ev.RequestReceived.Before(w.End) {
+		return false
+	}
+	return w.Objects == nil || (ev.ObjectRef != nil && w.Objects[ev.ObjectRef.Name])
 }
 
 // Requests counts API requests per window and per "verb resource[/sub]".
@@ -104,7 +114,7 @@ func CountRequests(path, user string, windows []Window) (Requests, error) {
 		}
 		seen[ev.AuditID] = true
 		for _, w := range windows {
-			if !ev.RequestReceived.Before(w.Start) && ev.RequestReceived.Before(w.End) {
+			if w.takes(ev) {
 				out[w.Name][requestKind(ev)]++
 				break
 			}

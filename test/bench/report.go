@@ -75,8 +75,16 @@ func writeSummary(b *strings.Builder, cfg Config, results []*Result) {
 		{label: "burst: CPU seconds", value: cpu(PhaseBurst), unit: "s"},
 		{label: fmt.Sprintf("idle %s: CPU seconds", cfg.Idle), value: cpu(PhaseIdle), unit: "s"},
 		{label: "idle: RSS at end (VmRSS)", value: rss(PhaseIdle, false), unit: "MiB"},
-		{label: "peak RSS of the run (VmHWM)", value: rss(PhaseTeardown, true), unit: "MiB"},
+		{label: "idle: RSS per volume", value: rssPerVolume(v), unit: "KiB"},
+		{label: "peak RSS of the run (VmHWM, both processes of the restart)", value: peakRSS, unit: "MiB"},
 		{label: "idle: API requests", value: total(PhaseIdle)},
+		{label: "restart: SIGTERM to exit", value: phaseTime(PhaseRestart, MStopped), unit: "s"},
+		{label: "restart: ready, from the new process's start (ours: /readyz; kcm: caches synced)", value: phaseTime(PhaseRestart, MReady), unit: "s"},
+		{label: "restart: a volume created at the start attached and in node.status, from the start", value: phaseTime(PhaseRestart, MFirstAttach), unit: "s"},
+		{label: "restart: API writes but the new volume's, events excluded (all requests)", value: writes(PhaseRestart), totalOf: PhaseRestart},
+		{label: "restart: the new volume's writes (attach, detach, node status)", value: writes(WindowNewVolume)},
+		{label: "restart: CPU seconds of the new process", value: cpu(PhaseRestart), unit: "s"},
+		{label: "restart: peak RSS of the new process (VmHWM)", value: rss(PhaseRestart, true), unit: "MiB"},
 		{label: fmt.Sprintf("churn: %d rounds converged (sum)", cfg.ChurnRounds), value: phaseTime(PhaseChurn, MDone), floor: rounds * f.ChurnRound(n, n), hasFloor: true, unit: "s"},
 		{label: "churn: slowest round", value: slowestRound, floor: f.ChurnRound(n, n), hasFloor: true, unit: "s"},
 		{label: "churn: last API request, events included (sum)", value: lastRequest(PhaseChurn), unit: "s"},
@@ -134,6 +142,8 @@ func cell(rw row, r *Result, v float64, ok bool) string {
 		return fmt.Sprintf("%.1f", v)
 	case "MiB":
 		return fmt.Sprintf("%.0f MiB", v)
+	case "KiB":
+		return fmt.Sprintf("%.1f KiB", v)
 	}
 	if rw.totalOf != "" {
 		return fmt.Sprintf("%.0f (%d)", v, r.Requests.Total(rw.totalOf))
@@ -205,6 +215,23 @@ func rss(phase string, peak bool) func(*Result) (float64, bool) {
 	}
 }
 
+func rssPerVolume(volumes int) func(*Result) (float64, bool) {
+	return func(r *Result) (float64, bool) {
+		p, ok := phaseOK(r, PhaseIdle)
+		if !ok || volumes == 0 {
+			return 0, false
+		}
+		return float64(p.After.RSSKiB) / float64(volumes), true
+	}
+}
+
+func peakRSS(r *Result) (float64, bool) {
+	if r.PeakKiB == 0 {
+		return 0, false
+	}
+	return float64(r.PeakKiB) / 1024, true
+}
+
 func total(phase string) func(*Result) (float64, bool) {
 	return func(r *Result) (float64, bool) {
 		if _, ok := phaseOK(r, phase); !ok || r.Requests == nil {
@@ -216,7 +243,11 @@ func total(phase string) func(*Result) (float64, bool) {
 
 func writes(phase string) func(*Result) (float64, bool) {
 	return func(r *Result) (float64, bool) {
-		if _, ok := phaseOK(r, phase); !ok || r.Requests == nil {
+		of := phase
+		if phase == WindowNewVolume {
+			of = PhaseRestart // a window within the restart phase
+		}
+		if _, ok := phaseOK(r, of); !ok || r.Requests == nil {
 			return 0, false
 		}
 		return float64(r.Requests.Writes(phase, false)), true
@@ -248,14 +279,21 @@ func writeRequests(b *strings.Builder, results []*Result) {
 		}
 		return strings.Compare(va, vb)
 	})
-	b.WriteString("### API requests by phase (from the apiserver's audit log)\n\n| request |")
+	var windows []string
 	for _, ph := range Phases {
+		windows = append(windows, ph)
+		if ph == PhaseRestart {
+			windows = append(windows, WindowNewVolume)
+		}
+	}
+	b.WriteString("### API requests by phase (from the apiserver's audit log)\n\n| request |")
+	for _, ph := range windows {
 		for _, r := range results {
 			fmt.Fprintf(b, " %s %s |", ph, r.Controller.Name)
 		}
 	}
 	b.WriteString("\n|---|")
-	for range Phases {
+	for range windows {
 		for range results {
 			b.WriteString("---:|")
 		}
@@ -263,7 +301,7 @@ func writeRequests(b *strings.Builder, results []*Result) {
 	b.WriteString("\n")
 	for _, k := range sorted {
 		b.WriteString("| " + k + " |")
-		for _, ph := range Phases {
+		for _, ph := range windows {
 			for _, r := range results {
 				if n := r.Requests[ph][k]; n > 0 {
 					fmt.Fprintf(b, " %d |", n)
@@ -275,7 +313,7 @@ func writeRequests(b *strings.Builder, results []*Result) {
 		b.WriteString("\n")
 	}
 	b.WriteString("| **total** |")
-	for _, ph := range Phases {
+	for _, ph := range windows {
 		for _, r := range results {
 			fmt.Fprintf(b, " **%d** |", r.Requests.Total(ph))
 		}

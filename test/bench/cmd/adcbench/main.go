@@ -30,6 +30,7 @@ import (
 var sizes = map[string][2]int{
 	"small": {50, 10},
 	"large": {1000, 10},
+	"huge":  {10000, 10},
 }
 
 // The defaults of -qps, -burst and -controllers: the budget
@@ -44,7 +45,7 @@ type flags struct {
 	size, controllers, binDir, oursBinary, results, workDir, goBench string
 	nodes, podsPerNode, burst, rounds                                int
 	qps                                                              float64
-	idle, quiet, maxSettle, minTimeout                               time.Duration
+	idle, quiet, maxSettle, minTimeout, poll                         time.Duration
 	timeoutFactor                                                    float64
 	keep                                                             bool
 }
@@ -52,7 +53,7 @@ type flags struct {
 func main() {
 	klog.InitFlags(nil)
 	var f flags
-	flag.StringVar(&f.size, "size", "small", "workload: small (50 nodes x 10 pods) or large (1000 x 10)")
+	flag.StringVar(&f.size, "size", "small", "workload: small (50 nodes x 10 pods), large (1000 x 10) or huge (10000 x 10)")
 	flag.IntVar(&f.nodes, "nodes", 0, "override the number of nodes of -size")
 	flag.IntVar(&f.podsPerNode, "pods-per-node", 0, "override the pods per node of -size")
 	flag.StringVar(&f.controllers, "controllers", defaultControllers, "controllers to run, in order: ours, kcm")
@@ -64,6 +65,7 @@ func main() {
 	flag.IntVar(&f.rounds, "churn-rounds", 3, "churn rounds")
 	flag.Float64Var(&f.timeoutFactor, "timeout-factor", 6, "a phase fails after this many times its API floor...")
 	flag.DurationVar(&f.minTimeout, "min-timeout", 5*time.Minute, "...or after this, whichever is longer")
+	flag.DurationVar(&f.poll, "poll", 0, "how often the harness compares the cluster with what it expects (default: 100ms, 500ms from 50,000 volumes on)")
 	flag.StringVar(&f.binDir, "bin-dir", "", "directory of etcd, kube-apiserver, kube-controller-manager and attach-detach-controller (default: _output/bin)")
 	flag.StringVar(&f.oursBinary, "ours-binary", "", "attach-detach-controller binary (default: in -bin-dir); e.g. one built from test/bench/cmd/adc-pprof")
 	flag.StringVar(&f.results, "results", "bench/results", "directory of the report")
@@ -80,13 +82,22 @@ func main() {
 func run(f flags) error {
 	size, ok := sizes[f.size]
 	if !ok {
-		return fmt.Errorf("-size must be small or large, got %q", f.size)
+		return fmt.Errorf("-size must be small, large or huge, got %q", f.size)
 	}
 	if f.nodes > 0 {
 		size[0] = f.nodes
 	}
 	if f.podsPerNode > 0 {
 		size[1] = f.podsPerNode
+	}
+	if f.poll <= 0 {
+		// Each comparison lists every VolumeAttachment and node: at 100,000
+		// volumes, every 100 ms would take a good part of a core from the
+		// apiserver.
+		f.poll = 100 * time.Millisecond
+		if size[0]*size[1] >= 50000 {
+			f.poll = 500 * time.Millisecond
+		}
 	}
 	root, err := moduleRoot()
 	if err != nil {
@@ -129,7 +140,7 @@ func run(f flags) error {
 		Size: f.size, Nodes: size[0], PodsPerNode: size[1],
 		QPS: float32(f.qps), Burst: f.burst, ChurnRounds: f.rounds,
 		Idle: f.idle, Quiet: f.quiet, MaxSettle: f.maxSettle,
-		TimeoutFactor: f.timeoutFactor, MinTimeout: f.minTimeout,
+		TimeoutFactor: f.timeoutFactor, MinTimeout: f.minTimeout, Poll: f.poll,
 		Driver: "bench.csi.example.com", WorkDir: f.workDir,
 	}
 	meta := collectMeta(root, f.binDir, now)
@@ -248,7 +259,7 @@ func runAll(ctx context.Context, cfg bench.Config, ctrls []bench.Controller) ([]
 	}
 	defer attacher.Wait()
 	defer cancel()
-	observer, err := bench.StartObserver(hctx, observerClient)
+	observer, err := bench.StartObserver(hctx, observerClient, cfg.Poll)
 	if err != nil {
 		return nil, err
 	}
@@ -257,10 +268,13 @@ func runAll(ctx context.Context, cfg bench.Config, ctrls []bench.Controller) ([]
 
 	env := &bench.Env{Cluster: cluster, Client: setup, Observer: observer, AuditLog: auditLog, Config: cfg}
 	var results []*bench.Result
-	for _, c := range ctrls {
+	for i, c := range ctrls {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("interrupted: %w", err)
 		}
+		// After the last controller the cluster stops: deleting its
+		// workload first (minutes at 100,000 volumes) would be wasted.
+		env.LeaveWorkload = i == len(ctrls)-1
 		logger.Info("Benchmarking", "controller", c.Title)
 		results = append(results, bench.Run(hctx, env, c))
 	}
