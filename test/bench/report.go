@@ -67,6 +67,7 @@ func writeSummary(b *strings.Builder, cfg Config, results []*Result) {
 	v, n := cfg.Nodes*cfg.PodsPerNode, cfg.Nodes
 	rounds := time.Duration(cfg.ChurnRounds)
 	rows := []row{
+		{label: "burst: the harness has created every pod", value: phaseTime(PhaseBurst, MPodsWritten), unit: "s"},
 		{label: "burst: every VolumeAttachment exists", value: phaseTime(PhaseBurst, MExist), floor: f.BurstCreates(v), hasFloor: true, unit: "s"},
 		{label: "burst: every VolumeAttachment attached", value: phaseTime(PhaseBurst, MAttached), floor: f.BurstCreates(v), hasFloor: true, unit: "s"},
 		{label: "burst: every volume in node.status.volumesAttached", value: phaseTime(PhaseBurst, MStatus), floor: f.BurstStatus(v, n), hasFloor: true, unit: "s"},
@@ -85,11 +86,13 @@ func writeSummary(b *strings.Builder, cfg Config, results []*Result) {
 		{label: "restart: the new volume's writes (attach, detach, node status)", value: writes(WindowNewVolume)},
 		{label: "restart: CPU seconds of the new process", value: cpu(PhaseRestart), unit: "s"},
 		{label: "restart: peak RSS of the new process (VmHWM)", value: rss(PhaseRestart, true), unit: "MiB"},
+		{label: "churn: the harness has deleted and created the pods (sum)", value: phaseTime(PhaseChurn, MPodsWritten), unit: "s"},
 		{label: fmt.Sprintf("churn: %d rounds converged (sum)", cfg.ChurnRounds), value: phaseTime(PhaseChurn, MDone), floor: rounds * f.ChurnRound(n, n), hasFloor: true, unit: "s"},
 		{label: "churn: slowest round", value: slowestRound, floor: f.ChurnRound(n, n), hasFloor: true, unit: "s"},
 		{label: "churn: last API request, events included (sum)", value: lastRequest(PhaseChurn), unit: "s"},
 		{label: "churn: API writes, events excluded (all requests)", value: writes(PhaseChurn), totalOf: PhaseChurn},
 		{label: "churn: CPU seconds", value: cpu(PhaseChurn), unit: "s"},
+		{label: "teardown: the harness has deleted every pod", value: phaseTime(PhaseTeardown, MPodsWritten), unit: "s"},
 		{label: "teardown: every VolumeAttachment gone", value: phaseTime(PhaseTeardown, MGone), floor: f.Teardown(v, n), hasFloor: true, unit: "s"},
 		{label: "teardown: node statuses empty", value: phaseTime(PhaseTeardown, MStatus), unit: "s"},
 		{label: "teardown: last API request, events included", value: lastRequest(PhaseTeardown), unit: "s"},

@@ -42,6 +42,8 @@ const (
 	MGone     = "gone"     // no VolumeAttachment left that is not expected
 	MDone     = "done"     // all of them
 
+	MPodsWritten = "pods written" // the harness has made every pod write of the phase (its load, not the controller's work)
+
 	MStopped     = "stopped"      // restart: the old process exited after SIGTERM
 	MReady       = "ready"        // restart: the new process is ready
 	MFirstAttach = "first attach" // restart: the volume created at its start attached and in node.status
@@ -317,10 +319,12 @@ func (r *runner) burst(ctx context.Context, p *PhaseResult) error {
 	if err := r.w.CreatePods(ctx, r.env.Client, r.w.All()); err != nil {
 		return err
 	}
-	r.logger.Info("Pods created", "pods", r.w.Volumes(), "after", time.Since(p.Start).Round(time.Millisecond))
+	written := time.Since(p.Start)
+	r.logger.Info("Pods created", "pods", r.w.Volumes(), "after", written.Round(time.Millisecond))
 	t, err := r.env.Observer.Await(ctx, exp, p.Start, r.cfg.timeout(f.BurstStatus(r.w.Volumes(), r.w.Nodes)),
 		milestoneExist, milestoneAttached, milestoneStatus, milestoneDone)
 	p.Times = t
+	p.Times[MPodsWritten] = written
 	if err != nil {
 		return err
 	}
@@ -351,6 +355,7 @@ func (r *runner) churn(ctx context.Context, p *PhaseResult) error {
 		if err := r.w.CreatePods(ctx, r.env.Client, set); err != nil {
 			return err
 		}
+		p.Times[MPodsWritten] += time.Since(start)
 		t, err := r.env.Observer.Await(ctx, r.w.Expect(r.w.All()), start, r.cfg.timeout(f.ChurnRound(len(set), r.w.Nodes)),
 			milestoneGone, milestoneStatus, milestoneDone)
 		if err != nil {
@@ -375,9 +380,11 @@ func (r *runner) teardown(ctx context.Context, p *PhaseResult) error {
 	if err := r.w.DeletePods(ctx, r.env.Client, r.w.All()); err != nil {
 		return err
 	}
+	written := time.Since(p.Start)
 	t, err := r.env.Observer.Await(ctx, r.w.Expect(nil), p.Start, r.cfg.timeout(f.Teardown(r.w.Volumes(), r.w.Nodes)),
 		milestoneGone, milestoneStatus)
 	p.Times = t
+	p.Times[MPodsWritten] = written
 	if err != nil {
 		return err
 	}
