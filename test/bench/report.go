@@ -24,8 +24,12 @@ type Meta struct {
 func WriteReport(out io.Writer, cfg Config, meta Meta, results []*Result) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Attach/detach benchmark, size %s (%s)\n\n", cfg.Size, meta.Date.Format("2006-01-02 15:04 MST"))
-	fmt.Fprintf(&b, "%d nodes x %d pods = %d volumes (bound ReadWriteOnce CSI PVs), `--kube-api-qps=%g --kube-api-burst=%d` for both controllers, idle %s, %d churn rounds of %d pods.\n\n",
-		cfg.Nodes, cfg.PodsPerNode, cfg.Nodes*cfg.PodsPerNode, cfg.QPS, cfg.Burst, cfg.Idle, cfg.ChurnRounds, cfg.Nodes)
+	who := "both controllers"
+	if len(results) == 1 {
+		who = results[0].Controller.Title + " only"
+	}
+	fmt.Fprintf(&b, "%d nodes x %d pods = %d volumes (bound ReadWriteOnce CSI PVs), `--kube-api-qps=%g --kube-api-burst=%d` for %s, idle %s, %d churn rounds of %d pods.\n\n",
+		cfg.Nodes, cfg.PodsPerNode, cfg.Nodes*cfg.PodsPerNode, cfg.QPS, cfg.Burst, who, cfg.Idle, cfg.ChurnRounds, cfg.Nodes)
 	b.WriteString("Command: `" + meta.Command + "`\n\n")
 	b.WriteString("Machine: " + strings.Join(meta.Machine, "; ") + "\n\n")
 	b.WriteString("Versions: " + strings.Join(meta.Versions, "; ") + "\n\n")
