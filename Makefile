@@ -96,15 +96,19 @@ verify:
 
 # Side by side with kube-controller-manager's attachdetach controller on one
 # real kube-apiserver (SIZE=small: 50 nodes x 10 pods, a few minutes;
-# SIZE=large: 1,000 x 10), plus the Go benchmarks of the caches and the
-# per-key decision at 100,000 volumes; report in bench/results/<date>-<size>.md.
+# SIZE=large: 1,000 x 10; SIZE=huge: 10,000 x 10), plus the Go benchmarks of
+# the caches and the per-key decision at 100,000 volumes; report in
+# bench/results/<date>-<size>[-qps<QPS>].md.
 SIZE ?= small
+# The API budget of both controllers (kube-controller-manager's defaults).
+BENCH_QPS ?= 20
+BENCH_BURST ?= 30
 
 bench: build
 	hack/build-tools.sh etcd kube-apiserver kube-controller-manager
 	mkdir -p _output/bench
 	go test -run '^$$' -bench . -benchmem ./pkg/cache ./pkg/reconciler ./pkg/controller | tee _output/bench/go-bench.txt
-	go run ./test/bench/cmd/adcbench -size $(SIZE) -go-bench _output/bench/go-bench.txt
+	go run ./test/bench/cmd/adcbench -size $(SIZE) -qps $(BENCH_QPS) -burst $(BENCH_BURST) -go-bench _output/bench/go-bench.txt
 
 IMAGE ?= ghcr.io/kube-attach/attach-detach-controller:$(VERSION)
 

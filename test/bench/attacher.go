@@ -21,9 +21,12 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// attacherWorkers keep the test attacher well ahead of a controller limited
-// to tens of requests per second.
-const attacherWorkers = 16
+// attacherWorkers keep the test attacher ahead of the controller. Each
+// VolumeAttachment takes two patches in turn: at 50 ms a patch (a busy
+// 2-core apiserver with 100,000 volumes), 16 workers marked at most about
+// 150 attached a second, less than a controller allowed 200 requests a
+// second creates.
+const attacherWorkers = 64
 
 const nodeIDAnnotation = "csi.alpha.kubernetes.io/node-id"
 

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -33,15 +34,25 @@ type auditEvent struct {
 	ObjectRef *struct {
 		Resource    string `json:"resource"`
 		Subresource string `json:"subresource"`
+		Name        string `json:"name"`
 	} `json:"objectRef"`
 	RequestReceived time.Time `json:"requestReceivedTimestamp"`
 }
 
 // Window is a named time span requests are attributed to, by the time the
-// apiserver received them.
+// apiserver received them. A window with Objects takes only the requests on
+// objects of those names; a request counts in the first window that takes it.
 type Window struct {
 	Name       string
 	Start, End time.Time
+	Objects    map[string]bool
+}
+
+func (w Window) takes(ev auditEvent) bool {
+	if ev.RequestReceived.Before(w.Start) || !ev.RequestReceived.Before(w.End) {
+		return false
+	}
+	return w.Objects == nil || (ev.ObjectRef != nil && w.Objects[ev.ObjectRef.Name])
 }
 
 // Requests counts API requests per window and per "verb resource[/sub]".
@@ -103,7 +114,7 @@ func CountRequests(path, user string, windows []Window) (Requests, error) {
 		}
 		seen[ev.AuditID] = true
 		for _, w := range windows {
-			if !ev.RequestReceived.Before(w.Start) && ev.RequestReceived.Before(w.End) {
+			if w.takes(ev) {
 				out[w.Name][requestKind(ev)]++
 				break
 			}
@@ -113,6 +124,60 @@ func CountRequests(path, user string, windows []Window) (Requests, error) {
 		return nil, fmt.Errorf("read audit log: %w", err)
 	}
 	return out, nil
+}
+
+// auditTail reads the lines appended to an audit log since the last call.
+type auditTail struct {
+	path    string
+	off     int64
+	partial []byte
+}
+
+// newAuditTail starts at the current end of the log.
+func newAuditTail(path string) *auditTail {
+	t := &auditTail{path: path}
+	if fi, err := os.Stat(path); err == nil {
+		t.off = fi.Size()
+	}
+	return t
+}
+
+// busy reads the requests logged since the last call and says whether one
+// of them is work: any request but a discovery GET (ours asks every few
+// seconds whether the CSINodeInfo CRD is served, which is no work to wait
+// for).
+func (t *auditTail) busy() (bool, error) {
+	f, err := os.Open(t.path)
+	if err != nil {
+		return false, fmt.Errorf("open audit log: %w", err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	busy := false
+	for {
+		n, err := f.ReadAt(buf, t.off)
+		t.off += int64(n)
+		data := append(t.partial, buf[:n]...)
+		last := bytes.LastIndexByte(data, '\n')
+		lines := data[:last+1]
+		t.partial = append([]byte(nil), data[last+1:]...)
+		for line := range bytes.SplitSeq(lines, []byte("\n")) {
+			if len(line) == 0 || busy {
+				continue
+			}
+			var ev auditEvent
+			if json.Unmarshal(line, &ev) != nil || !isDiscovery(ev) {
+				busy = true
+			}
+		}
+		if err != nil || n < len(buf) {
+			return busy, nil
+		}
+	}
+}
+
+func isDiscovery(ev auditEvent) bool {
+	return ev.Verb == "get" && (ev.ObjectRef == nil || ev.ObjectRef.Resource == "")
 }
 
 // requestKind is "verb resource[/subresource]", or "verb (discovery)" for

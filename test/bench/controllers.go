@@ -15,18 +15,27 @@ type Controller struct {
 	Title  string
 	Binary string
 	// Args returns the command line for a kubeconfig and API budget, and
-	// the address of /metrics, if the controller serves one.
-	Args func(kubeconfig string, qps float32, burst int) (args []string, metricsURL string, err error)
+	// the endpoints the controller serves.
+	Args func(kubeconfig string, qps float32, burst int) (args []string, ep Endpoints, err error)
+	// ReadyLog, for a controller that serves no /readyz, is the log message
+	// that says it is ready.
+	ReadyLog string
+}
+
+// Endpoints are the addresses a controller serves in plain HTTP; empty when
+// it serves none.
+type Endpoints struct {
+	Metrics, Ready string
 }
 
 // Ours is this repository's controller.
 func Ours(binary string) Controller {
 	return Controller{
 		Name: "ours", Title: "attach-detach-controller", Binary: binary,
-		Args: func(kubeconfig string, qps float32, burst int) ([]string, string, error) {
+		Args: func(kubeconfig string, qps float32, burst int) ([]string, Endpoints, error) {
 			port, err := framework.FreePort()
 			if err != nil {
-				return nil, "", err
+				return nil, Endpoints{}, err
 			}
 			addr := "127.0.0.1:" + strconv.Itoa(port)
 			return []string{
@@ -36,18 +45,21 @@ func Ours(binary string) Controller {
 				"--leader-elect=false",
 				"--secure-port=0",
 				"--http-endpoint=" + addr,
-			}, "http://" + addr + "/metrics", nil
+			}, Endpoints{Metrics: "http://" + addr + "/metrics", Ready: "http://" + addr + "/readyz"}, nil
 		},
 	}
 }
 
 // KCM is kube-controller-manager running its attachdetach controller only.
 // With --secure-port=0 it serves nothing: its requests are counted from the
-// apiserver's audit log, as ours are.
+// apiserver's audit log, as ours are, and it is ready when it logs that its
+// informers are synced (the attachdetach controller is the only one that
+// waits for them; it then rebuilds its state from the caches and starts).
 func KCM(binary string) Controller {
 	return Controller{
 		Name: "kcm", Title: "kube-controller-manager", Binary: binary,
-		Args: func(kubeconfig string, qps float32, burst int) ([]string, string, error) {
+		ReadyLog: `"Caches are synced"`,
+		Args: func(kubeconfig string, qps float32, burst int) ([]string, Endpoints, error) {
 			return []string{
 				"--controllers=attachdetach",
 				"--leader-elect=false",
@@ -56,7 +68,7 @@ func KCM(binary string) Controller {
 				"--kubeconfig=" + kubeconfig,
 				fmt.Sprintf("--kube-api-qps=%g", qps),
 				fmt.Sprintf("--kube-api-burst=%d", burst),
-			}, "", nil
+			}, Endpoints{}, nil
 		},
 	}
 }

@@ -20,6 +20,13 @@
 //     every node.status.volumesAttached lists exactly its volumes.
 //   - idle: everything attached, nothing changes; CPU time (utime+stime from
 //     /proc/PID/stat) and memory (VmRSS, VmHWM from /proc/PID/status).
+//   - restart: everything attached and reported, the controller is stopped
+//     (SIGTERM) and started again; right after, one more volume and a pod
+//     using it are created. Until it is ready (ours: /readyz; KCM, which
+//     serves nothing: its "Caches are synced" log line), until that volume
+//     is attached and in node status, and the requests starting cost (those
+//     on the new volume's objects counted apart): none of them need be a
+//     write.
 //   - churn: per round, one pod per node (1/M of the pods) is deleted and
 //     replaced by a pod using the same claim on the next node, as a
 //     rescheduled StatefulSet pod: the old attachment must be detached

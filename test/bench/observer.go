@@ -18,9 +18,6 @@ import (
 // csiPlugin starts the unique name of every CSI volume in node.status.
 const csiPlugin = "kubernetes.io/csi/"
 
-// pollInterval is the resolution of every time the harness measures.
-const pollInterval = 100 * time.Millisecond
-
 // Expectation is the state a controller must reach: which VolumeAttachments
 // exist on a node set (no others), and what each node's
 // status.volumesAttached lists (of the benchmark's driver).
@@ -85,15 +82,19 @@ func (s Snapshot) String() string {
 // Observer watches VolumeAttachments and Nodes with the harness's own
 // client and compares them with Expectations.
 type Observer struct {
+	// poll is how often Await compares: the resolution of the times
+	// measured.
+	poll    time.Duration
 	factory informers.SharedInformerFactory
 	vas     storagelisters.VolumeAttachmentLister
 	nodes   corelisters.NodeLister
 }
 
-// StartObserver starts the informers and waits for their caches.
-func StartObserver(ctx context.Context, client kubernetes.Interface) (*Observer, error) {
+// StartObserver starts the informers and waits for their caches; Await
+// compares every poll.
+func StartObserver(ctx context.Context, client kubernetes.Interface, poll time.Duration) (*Observer, error) {
 	f := informers.NewSharedInformerFactory(client, 0)
-	o := &Observer{factory: f, vas: f.Storage().V1().VolumeAttachments().Lister(), nodes: f.Core().V1().Nodes().Lister()}
+	o := &Observer{poll: poll, factory: f, vas: f.Storage().V1().VolumeAttachments().Lister(), nodes: f.Core().V1().Nodes().Lister()}
 	f.Start(ctx.Done())
 	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
 		if !ok {
@@ -158,7 +159,7 @@ type Milestone struct {
 func (o *Observer) Await(ctx context.Context, e *Expectation, start time.Time, timeout time.Duration, milestones ...Milestone) (map[string]time.Duration, error) {
 	reached := map[string]time.Duration{}
 	deadline := start.Add(timeout)
-	ticker := time.NewTicker(pollInterval)
+	ticker := time.NewTicker(o.poll)
 	defer ticker.Stop()
 	for {
 		s := o.Snapshot(e)

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -28,6 +29,8 @@ type Proc struct {
 	log     *os.File
 	done    chan struct{}
 	err     error
+	// stopping is set by Stop: the exit that follows is no crash.
+	stopping atomic.Bool
 }
 
 // StartProc starts binary with args, its output in logPath.
@@ -66,8 +69,12 @@ func (p *Proc) ExitError() error {
 	return p.err
 }
 
+// Stopped says whether Stop was called: an exit is then expected.
+func (p *Proc) Stopped() bool { return p.stopping.Load() }
+
 // Stop sends SIGTERM, waits up to stopTimeout, then kills the group.
 func (p *Proc) Stop() {
+	p.stopping.Store(true)
 	select {
 	case <-p.done:
 		return

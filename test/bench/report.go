@@ -24,8 +24,12 @@ type Meta struct {
 func WriteReport(out io.Writer, cfg Config, meta Meta, results []*Result) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Attach/detach benchmark, size %s (%s)\n\n", cfg.Size, meta.Date.Format("2006-01-02 15:04 MST"))
-	fmt.Fprintf(&b, "%d nodes x %d pods = %d volumes (bound ReadWriteOnce CSI PVs), `--kube-api-qps=%g --kube-api-burst=%d` for both controllers, idle %s, %d churn rounds of %d pods.\n\n",
-		cfg.Nodes, cfg.PodsPerNode, cfg.Nodes*cfg.PodsPerNode, cfg.QPS, cfg.Burst, cfg.Idle, cfg.ChurnRounds, cfg.Nodes)
+	who := "both controllers"
+	if len(results) == 1 {
+		who = results[0].Controller.Title + " only"
+	}
+	fmt.Fprintf(&b, "%d nodes x %d pods = %d volumes (bound ReadWriteOnce CSI PVs), `--kube-api-qps=%g --kube-api-burst=%d` for %s, idle %s, %d churn rounds of %d pods.\n\n",
+		cfg.Nodes, cfg.PodsPerNode, cfg.Nodes*cfg.PodsPerNode, cfg.QPS, cfg.Burst, who, cfg.Idle, cfg.ChurnRounds, cfg.Nodes)
 	b.WriteString("Command: `" + meta.Command + "`\n\n")
 	b.WriteString("Machine: " + strings.Join(meta.Machine, "; ") + "\n\n")
 	b.WriteString("Versions: " + strings.Join(meta.Versions, "; ") + "\n\n")
@@ -67,6 +71,7 @@ func writeSummary(b *strings.Builder, cfg Config, results []*Result) {
 	v, n := cfg.Nodes*cfg.PodsPerNode, cfg.Nodes
 	rounds := time.Duration(cfg.ChurnRounds)
 	rows := []row{
+		{label: "burst: the harness has created every pod", value: phaseTime(PhaseBurst, MPodsWritten), unit: "s"},
 		{label: "burst: every VolumeAttachment exists", value: phaseTime(PhaseBurst, MExist), floor: f.BurstCreates(v), hasFloor: true, unit: "s"},
 		{label: "burst: every VolumeAttachment attached", value: phaseTime(PhaseBurst, MAttached), floor: f.BurstCreates(v), hasFloor: true, unit: "s"},
 		{label: "burst: every volume in node.status.volumesAttached", value: phaseTime(PhaseBurst, MStatus), floor: f.BurstStatus(v, n), hasFloor: true, unit: "s"},
@@ -75,13 +80,23 @@ func writeSummary(b *strings.Builder, cfg Config, results []*Result) {
 		{label: "burst: CPU seconds", value: cpu(PhaseBurst), unit: "s"},
 		{label: fmt.Sprintf("idle %s: CPU seconds", cfg.Idle), value: cpu(PhaseIdle), unit: "s"},
 		{label: "idle: RSS at end (VmRSS)", value: rss(PhaseIdle, false), unit: "MiB"},
-		{label: "peak RSS of the run (VmHWM)", value: rss(PhaseTeardown, true), unit: "MiB"},
+		{label: "idle: RSS per volume", value: rssPerVolume(v), unit: "KiB"},
+		{label: "peak RSS of the run (VmHWM, both processes of the restart)", value: peakRSS, unit: "MiB"},
 		{label: "idle: API requests", value: total(PhaseIdle)},
+		{label: "restart: SIGTERM to exit", value: phaseTime(PhaseRestart, MStopped), unit: "s"},
+		{label: "restart: ready, from the new process's start (ours: /readyz; kcm: caches synced)", value: phaseTime(PhaseRestart, MReady), unit: "s"},
+		{label: "restart: a volume created at the start attached and in node.status, from the start", value: phaseTime(PhaseRestart, MFirstAttach), unit: "s"},
+		{label: "restart: API writes but the new volume's, events excluded (all requests)", value: writes(PhaseRestart), totalOf: PhaseRestart},
+		{label: "restart: the new volume's writes (attach, detach, node status)", value: writes(WindowNewVolume)},
+		{label: "restart: CPU seconds of the new process", value: cpu(PhaseRestart), unit: "s"},
+		{label: "restart: peak RSS of the new process (VmHWM)", value: rss(PhaseRestart, true), unit: "MiB"},
+		{label: "churn: the harness has deleted and created the pods (sum)", value: phaseTime(PhaseChurn, MPodsWritten), unit: "s"},
 		{label: fmt.Sprintf("churn: %d rounds converged (sum)", cfg.ChurnRounds), value: phaseTime(PhaseChurn, MDone), floor: rounds * f.ChurnRound(n, n), hasFloor: true, unit: "s"},
 		{label: "churn: slowest round", value: slowestRound, floor: f.ChurnRound(n, n), hasFloor: true, unit: "s"},
 		{label: "churn: last API request, events included (sum)", value: lastRequest(PhaseChurn), unit: "s"},
 		{label: "churn: API writes, events excluded (all requests)", value: writes(PhaseChurn), totalOf: PhaseChurn},
 		{label: "churn: CPU seconds", value: cpu(PhaseChurn), unit: "s"},
+		{label: "teardown: the harness has deleted every pod", value: phaseTime(PhaseTeardown, MPodsWritten), unit: "s"},
 		{label: "teardown: every VolumeAttachment gone", value: phaseTime(PhaseTeardown, MGone), floor: f.Teardown(v, n), hasFloor: true, unit: "s"},
 		{label: "teardown: node statuses empty", value: phaseTime(PhaseTeardown, MStatus), unit: "s"},
 		{label: "teardown: last API request, events included", value: lastRequest(PhaseTeardown), unit: "s"},
@@ -134,6 +149,8 @@ func cell(rw row, r *Result, v float64, ok bool) string {
 		return fmt.Sprintf("%.1f", v)
 	case "MiB":
 		return fmt.Sprintf("%.0f MiB", v)
+	case "KiB":
+		return fmt.Sprintf("%.1f KiB", v)
 	}
 	if rw.totalOf != "" {
 		return fmt.Sprintf("%.0f (%d)", v, r.Requests.Total(rw.totalOf))
@@ -205,6 +222,23 @@ func rss(phase string, peak bool) func(*Result) (float64, bool) {
 	}
 }
 
+func rssPerVolume(volumes int) func(*Result) (float64, bool) {
+	return func(r *Result) (float64, bool) {
+		p, ok := phaseOK(r, PhaseIdle)
+		if !ok || volumes == 0 {
+			return 0, false
+		}
+		return float64(p.After.RSSKiB) / float64(volumes), true
+	}
+}
+
+func peakRSS(r *Result) (float64, bool) {
+	if r.PeakKiB == 0 {
+		return 0, false
+	}
+	return float64(r.PeakKiB) / 1024, true
+}
+
 func total(phase string) func(*Result) (float64, bool) {
 	return func(r *Result) (float64, bool) {
 		if _, ok := phaseOK(r, phase); !ok || r.Requests == nil {
@@ -216,7 +250,11 @@ func total(phase string) func(*Result) (float64, bool) {
 
 func writes(phase string) func(*Result) (float64, bool) {
 	return func(r *Result) (float64, bool) {
-		if _, ok := phaseOK(r, phase); !ok || r.Requests == nil {
+		of := phase
+		if phase == WindowNewVolume {
+			of = PhaseRestart // a window within the restart phase
+		}
+		if _, ok := phaseOK(r, of); !ok || r.Requests == nil {
 			return 0, false
 		}
 		return float64(r.Requests.Writes(phase, false)), true
@@ -248,14 +286,21 @@ func writeRequests(b *strings.Builder, results []*Result) {
 		}
 		return strings.Compare(va, vb)
 	})
-	b.WriteString("### API requests by phase (from the apiserver's audit log)\n\n| request |")
+	var windows []string
 	for _, ph := range Phases {
+		windows = append(windows, ph)
+		if ph == PhaseRestart {
+			windows = append(windows, WindowNewVolume)
+		}
+	}
+	b.WriteString("### API requests by phase (from the apiserver's audit log)\n\n| request |")
+	for _, ph := range windows {
 		for _, r := range results {
 			fmt.Fprintf(b, " %s %s |", ph, r.Controller.Name)
 		}
 	}
 	b.WriteString("\n|---|")
-	for range Phases {
+	for range windows {
 		for range results {
 			b.WriteString("---:|")
 		}
@@ -263,7 +308,7 @@ func writeRequests(b *strings.Builder, results []*Result) {
 	b.WriteString("\n")
 	for _, k := range sorted {
 		b.WriteString("| " + k + " |")
-		for _, ph := range Phases {
+		for _, ph := range windows {
 			for _, r := range results {
 				if n := r.Requests[ph][k]; n > 0 {
 					fmt.Fprintf(b, " %d |", n)
@@ -275,7 +320,7 @@ func writeRequests(b *strings.Builder, results []*Result) {
 		b.WriteString("\n")
 	}
 	b.WriteString("| **total** |")
-	for _, ph := range Phases {
+	for _, ph := range windows {
 		for _, r := range results {
 			fmt.Fprintf(b, " **%d** |", r.Requests.Total(ph))
 		}

@@ -21,12 +21,18 @@ const (
 	PhaseStartup  = "startup"
 	PhaseBurst    = "burst"
 	PhaseIdle     = "idle"
+	PhaseRestart  = "restart"
 	PhaseChurn    = "churn"
 	PhaseTeardown = "teardown"
 )
 
 // Phases lists the phases in order.
-var Phases = []string{PhaseStartup, PhaseBurst, PhaseIdle, PhaseChurn, PhaseTeardown}
+var Phases = []string{PhaseStartup, PhaseBurst, PhaseIdle, PhaseRestart, PhaseChurn, PhaseTeardown}
+
+// WindowNewVolume counts, within the restart phase, the requests on the
+// volume created at the restart (its VolumeAttachment, its node's status):
+// what is left of the restart's requests is what starting cost.
+const WindowNewVolume = "restart (new volume)"
 
 // Milestones measured.
 const (
@@ -35,6 +41,12 @@ const (
 	MStatus   = "status"   // node statuses list exactly the expected volumes
 	MGone     = "gone"     // no VolumeAttachment left that is not expected
 	MDone     = "done"     // all of them
+
+	MPodsWritten = "pods written" // the harness has made every pod write of the phase (its load, not the controller's work)
+
+	MStopped     = "stopped"      // restart: the old process exited after SIGTERM
+	MReady       = "ready"        // restart: the new process is ready
+	MFirstAttach = "first attach" // restart: the volume created at its start attached and in node.status
 )
 
 var (
@@ -63,7 +75,10 @@ type Config struct {
 	// A phase times out after TimeoutFactor x its floor, at least MinTimeout.
 	TimeoutFactor float64
 	MinTimeout    time.Duration
-	Driver        string
+	// Poll is how often the harness compares the cluster with what it
+	// expects: the resolution of the times measured.
+	Poll   time.Duration
+	Driver string
 	// WorkDir keeps the logs, the audit log and the metrics of the run.
 	WorkDir string
 }
@@ -82,6 +97,9 @@ type Env struct {
 	Observer *Observer
 	AuditLog string
 	Config   Config
+	// LeaveWorkload skips the cleanup after the run: the cluster goes away
+	// with it.
+	LeaveWorkload bool
 }
 
 // PhaseResult is what one phase measured.
@@ -108,10 +126,15 @@ type Result struct {
 	Controller Controller
 	Phases     map[string]*PhaseResult
 	Requests   Requests
+	// PeakKiB is the highest VmHWM of the run, the process stopped by the
+	// restart phase included.
+	PeakKiB int64
 	// Err is the first failure; the phases after it did not run.
 	Err     error
 	LogPath string
 }
+
+func (r *Result) peak(s ProcStats) { r.PeakKiB = max(r.PeakKiB, s.HWMKiB) }
 
 // Run runs every phase for one controller on a fresh workload, then
 // removes the workload. It never returns with the controller running.
@@ -136,42 +159,40 @@ func Run(ctx context.Context, env *Env, ctrl Controller) *Result {
 		cleanup(ctx, env, w)
 		return res
 	}
-	args, metricsURL, err := ctrl.Args(id.Kubeconfig, cfg.QPS, cfg.Burst)
+	args, ep, err := ctrl.Args(id.Kubeconfig, cfg.QPS, cfg.Burst)
 	if err != nil {
 		res.Err = err
 		cleanup(ctx, env, w)
 		return res
 	}
+	// A crash of the controller ends the phase under way at once.
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	r := &runner{env: env, cfg: cfg, w: w, ctrl: ctrl, args: args, ep: ep, res: res, cancel: cancel, logger: logger}
 	res.LogPath = filepath.Join(cfg.WorkDir, ctrl.Name+".log")
-	proc, err := StartProc(ctrl.Name, ctrl.Binary, res.LogPath, args...)
-	if err != nil {
+	if err := r.start(runCtx, res.LogPath); err != nil {
 		res.Err = err
 		cleanup(ctx, env, w)
 		return res
 	}
 	procStart := time.Now()
-	logger.Info("Controller started", "pid", proc.Pid(), "log", res.LogPath)
-
-	// A crash of the controller ends the phase under way at once.
-	runCtx, cancel := context.WithCancelCause(ctx)
-	go func() {
-		select {
-		case <-proc.Done():
-			cancel(fmt.Errorf("%s exited: %w (log: %s)", ctrl.Name, proc.ExitError(), res.LogPath))
-		case <-runCtx.Done():
-		}
-	}()
-	r := &runner{env: env, cfg: cfg, w: w, proc: proc, res: res, metricsURL: metricsURL, logger: logger}
+	logger.Info("Controller started", "pid", r.proc.Pid(), "log", res.LogPath)
 	r.phases(runCtx)
 	end := time.Now()
 	cancel(nil)
-	proc.Stop()
+	r.proc.Stop()
 
 	windows := []Window{}
 	for _, name := range Phases {
-		if p := res.Phases[name]; p != nil {
-			windows = append(windows, Window{Name: name, Start: p.Start, End: p.End})
+		p := res.Phases[name]
+		if p == nil {
+			continue
 		}
+		if name == PhaseRestart {
+			// First: a request on the new volume's objects counts here.
+			windows = append(windows, Window{Name: WindowNewVolume, Start: p.Start, End: p.End, Objects: w.NewVolumeObjects()})
+		}
+		windows = append(windows, Window{Name: name, Start: p.Start, End: p.End})
 	}
 	if len(windows) > 0 {
 		windows[0].Start = procStart
@@ -181,19 +202,46 @@ func Run(ctx context.Context, env *Env, ctrl Controller) *Result {
 	if res.Requests, err = CountRequests(env.AuditLog, id.User, windows); err != nil && res.Err == nil {
 		res.Err = err
 	}
-	cleanup(ctx, env, w)
+	if env.LeaveWorkload {
+		logger.Info("Workload left in place: the cluster goes away with it")
+	} else {
+		cleanup(ctx, env, w)
+	}
 	return res
 }
 
 // runner runs the phases of one controller.
 type runner struct {
-	env        *Env
-	cfg        Config
-	w          *Workload
-	proc       *Proc
-	res        *Result
-	metricsURL string
-	logger     klog.Logger
+	env    *Env
+	cfg    Config
+	w      *Workload
+	ctrl   Controller
+	args   []string
+	ep     Endpoints
+	proc   *Proc
+	res    *Result
+	cancel context.CancelCauseFunc
+	logger klog.Logger
+}
+
+// start starts the controller, its output in logPath. An exit that Stop did
+// not ask for ends the phase under way at once.
+func (r *runner) start(ctx context.Context, logPath string) error {
+	proc, err := StartProc(r.ctrl.Name, r.ctrl.Binary, logPath, r.args...)
+	if err != nil {
+		return err
+	}
+	r.proc = proc
+	go func() {
+		select {
+		case <-proc.Done():
+			if !proc.Stopped() {
+				r.cancel(fmt.Errorf("%s exited: %w (log: %s)", r.ctrl.Name, proc.ExitError(), logPath))
+			}
+		case <-ctx.Done():
+		}
+	}()
+	return nil
 }
 
 func (r *runner) phases(ctx context.Context) {
@@ -204,6 +252,7 @@ func (r *runner) phases(ctx context.Context) {
 		{PhaseStartup, r.startup},
 		{PhaseBurst, r.burst},
 		{PhaseIdle, r.idle},
+		{PhaseRestart, r.restart},
 		{PhaseChurn, r.churn},
 		{PhaseTeardown, r.teardown},
 	}
@@ -228,6 +277,8 @@ func (r *runner) phases(ctx context.Context) {
 			err = errors.Join(err, serr)
 		}
 		p.End = time.Now()
+		r.res.peak(p.Before)
+		r.res.peak(p.After)
 		r.saveMetrics(ctx, s.name)
 		if err != nil {
 			p.Err = fmt.Errorf("%s: %w", s.name, err)
@@ -268,10 +319,12 @@ func (r *runner) burst(ctx context.Context, p *PhaseResult) error {
 	if err := r.w.CreatePods(ctx, r.env.Client, r.w.All()); err != nil {
 		return err
 	}
-	r.logger.Info("Pods created", "pods", r.w.Volumes(), "after", time.Since(p.Start).Round(time.Millisecond))
+	written := time.Since(p.Start)
+	r.logger.Info("Pods created", "pods", r.w.Volumes(), "after", written.Round(time.Millisecond))
 	t, err := r.env.Observer.Await(ctx, exp, p.Start, r.cfg.timeout(f.BurstStatus(r.w.Volumes(), r.w.Nodes)),
 		milestoneExist, milestoneAttached, milestoneStatus, milestoneDone)
 	p.Times = t
+	p.Times[MPodsWritten] = written
 	if err != nil {
 		return err
 	}
@@ -302,6 +355,7 @@ func (r *runner) churn(ctx context.Context, p *PhaseResult) error {
 		if err := r.w.CreatePods(ctx, r.env.Client, set); err != nil {
 			return err
 		}
+		p.Times[MPodsWritten] += time.Since(start)
 		t, err := r.env.Observer.Await(ctx, r.w.Expect(r.w.All()), start, r.cfg.timeout(f.ChurnRound(len(set), r.w.Nodes)),
 			milestoneGone, milestoneStatus, milestoneDone)
 		if err != nil {
@@ -326,9 +380,11 @@ func (r *runner) teardown(ctx context.Context, p *PhaseResult) error {
 	if err := r.w.DeletePods(ctx, r.env.Client, r.w.All()); err != nil {
 		return err
 	}
+	written := time.Since(p.Start)
 	t, err := r.env.Observer.Await(ctx, r.w.Expect(nil), p.Start, r.cfg.timeout(f.Teardown(r.w.Volumes(), r.w.Nodes)),
 		milestoneGone, milestoneStatus)
 	p.Times = t
+	p.Times[MPodsWritten] = written
 	if err != nil {
 		return err
 	}
@@ -336,26 +392,25 @@ func (r *runner) teardown(ctx context.Context, p *PhaseResult) error {
 	return err
 }
 
-// settle waits until the controller has made no API request for Quiet (its
-// audit log, which holds only the controllers' requests, stops growing), at
-// most MaxSettle. It returns when the last request was seen, from start.
+// settle waits until the controller has made no API request for Quiet
+// (discovery GETs aside: see auditTail.busy), at most MaxSettle. It returns
+// when the last request was seen, from start.
 func (r *runner) settle(ctx context.Context, start time.Time) (time.Duration, error) {
 	const every = 200 * time.Millisecond
-	size := func() int64 {
-		if fi, err := os.Stat(r.env.AuditLog); err == nil {
-			return fi.Size()
-		}
-		return -1
-	}
-	last, changed := size(), time.Now()
+	tail := newAuditTail(r.env.AuditLog)
+	changed := time.Now()
 	begin := changed
 	for {
 		if err := pause(ctx, every); err != nil {
 			return 0, err
 		}
 		now := time.Now()
-		if s := size(); s != last {
-			last, changed = s, now
+		busy, err := tail.busy()
+		if err != nil {
+			return 0, err
+		}
+		if busy {
+			changed = now
 		}
 		if now.Sub(changed) >= r.cfg.Quiet {
 			return changed.Sub(start), nil
@@ -370,12 +425,12 @@ func (r *runner) settle(ctx context.Context, start time.Time) (time.Duration, er
 // saveMetrics keeps the controller's /metrics after a phase, if it serves
 // them.
 func (r *runner) saveMetrics(ctx context.Context, phase string) {
-	if r.metricsURL == "" {
+	if r.ep.Metrics == "" {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.metricsURL, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.ep.Metrics, nil)
 	if err != nil {
 		return
 	}

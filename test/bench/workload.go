@@ -69,6 +69,11 @@ const canaryClaim, canaryPod = "claim-canary", "pod-canary"
 
 func (w *Workload) canaryHandle() string { return w.Prefix + "-vol-canary" }
 
+// The volume created at the restart, used by a pod on the canary node.
+const newClaim, newPod = "claim-restart", "pod-restart"
+
+func (w *Workload) newHandle() string { return w.Prefix + "-vol-restart" }
+
 // Setup creates the namespace, the nodes (managed, Ready), and every bound
 // PV/PVC pair, the canary's included. No pod is created.
 func (w *Workload) Setup(ctx context.Context, client kubernetes.Interface) error {
@@ -91,18 +96,30 @@ func (w *Workload) Setup(ctx context.Context, client kubernetes.Interface) error
 		if v < w.Volumes() {
 			claim, handle = w.claim(v), w.handle(v)
 		}
-		_, _, err := framework.CreateBoundPVC(ctx, client, w.Namespace, claim, framework.CSISource(w.Driver, handle))
-		if err != nil {
-			return err
-		}
-		return w.labelPV(ctx, client, framework.PVName(w.Namespace, claim))
+		return w.createBoundVolume(ctx, client, claim, handle)
 	})
 }
 
-func (w *Workload) labelPV(ctx context.Context, client kubernetes.Interface, name string) error {
-	patch := fmt.Appendf(nil, `{"metadata":{"labels":{%q:%q}}}`, runLabel, w.Prefix)
-	if _, err := client.CoreV1().PersistentVolumes().Patch(ctx, name, "application/merge-patch+json", patch, metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("label PV %s: %w", name, err)
+// createBoundVolume creates a claim and its bound PV, labelled for the
+// cleanup: four requests (the two objects, then their status).
+func (w *Workload) createBoundVolume(ctx context.Context, client kubernetes.Interface, claim, handle string) error {
+	pvName := framework.PVName(w.Namespace, claim)
+	pvc, err := client.CoreV1().PersistentVolumeClaims(w.Namespace).Create(ctx, framework.PVC(w.Namespace, claim, pvName), metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("create PVC %s/%s: %w", w.Namespace, claim, err)
+	}
+	pv := framework.PV(pvName, framework.CSISource(w.Driver, handle), pvc)
+	pv.Labels = map[string]string{runLabel: w.Prefix}
+	if pv, err = client.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create PV %s: %w", pvName, err)
+	}
+	pv.Status.Phase = v1.VolumeBound
+	if pv, err = client.CoreV1().PersistentVolumes().UpdateStatus(ctx, pv, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("set PV %s bound: %w", pvName, err)
+	}
+	pvc.Status = v1.PersistentVolumeClaimStatus{Phase: v1.ClaimBound, AccessModes: pv.Spec.AccessModes, Capacity: pv.Spec.Capacity}
+	if _, err := client.CoreV1().PersistentVolumeClaims(w.Namespace).UpdateStatus(ctx, pvc, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("set PVC %s/%s bound: %w", w.Namespace, claim, err)
 	}
 	return nil
 }
@@ -187,6 +204,44 @@ func (w *Workload) CanaryExpect(withPod bool) *Expectation {
 		e.addVolume(w.canaryHandle(), w.CanaryNode())
 	}
 	return e
+}
+
+// CreateNewVolume creates, on the canary node, a volume (bound PV and
+// claim) and a pod using it.
+func (w *Workload) CreateNewVolume(ctx context.Context, client kubernetes.Interface) error {
+	if err := w.createBoundVolume(ctx, client, newClaim, w.newHandle()); err != nil {
+		return err
+	}
+	if _, err := client.CoreV1().Pods(w.Namespace).Create(ctx, w.benchPod(newPod, w.CanaryNode(), newClaim), metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create pod %s: %w", newPod, err)
+	}
+	return nil
+}
+
+// DeleteNewVolumePod deletes the pod of CreateNewVolume.
+func (w *Workload) DeleteNewVolumePod(ctx context.Context, client kubernetes.Interface) error {
+	return deletePod(ctx, client, w.Namespace, newPod)
+}
+
+// NewVolumeExpect is Expect for the canary node with (or without) the pod
+// of CreateNewVolume; the canary's own pod is gone by then.
+func (w *Workload) NewVolumeExpect(withPod bool) *Expectation {
+	e := newExpectation(w.Driver)
+	e.addNode(w.CanaryNode())
+	if withPod {
+		e.addVolume(w.newHandle(), w.CanaryNode())
+	}
+	return e
+}
+
+// NewVolumeObjects names the objects the controller writes for the volume
+// of CreateNewVolume: its VolumeAttachment and its node.
+func (w *Workload) NewVolumeObjects() map[string]bool {
+	names := map[string]bool{w.CanaryNode(): true}
+	for va := range w.NewVolumeExpect(true).vas {
+		names[va] = true
+	}
+	return names
 }
 
 // CreateCanary creates the canary pod.

@@ -30,13 +30,22 @@ import (
 var sizes = map[string][2]int{
 	"small": {50, 10},
 	"large": {1000, 10},
+	"huge":  {10000, 10},
 }
+
+// The defaults of -qps, -burst and -controllers: the budget
+// kube-controller-manager's --kube-api-qps / --kube-api-burst default to.
+const (
+	defaultQPS         = 20
+	defaultBurst       = 30
+	defaultControllers = "ours,kcm"
+)
 
 type flags struct {
 	size, controllers, binDir, oursBinary, results, workDir, goBench string
 	nodes, podsPerNode, burst, rounds                                int
 	qps                                                              float64
-	idle, quiet, maxSettle, minTimeout                               time.Duration
+	idle, quiet, maxSettle, minTimeout, poll                         time.Duration
 	timeoutFactor                                                    float64
 	keep                                                             bool
 }
@@ -44,18 +53,19 @@ type flags struct {
 func main() {
 	klog.InitFlags(nil)
 	var f flags
-	flag.StringVar(&f.size, "size", "small", "workload: small (50 nodes x 10 pods) or large (1000 x 10)")
+	flag.StringVar(&f.size, "size", "small", "workload: small (50 nodes x 10 pods), large (1000 x 10) or huge (10000 x 10)")
 	flag.IntVar(&f.nodes, "nodes", 0, "override the number of nodes of -size")
 	flag.IntVar(&f.podsPerNode, "pods-per-node", 0, "override the pods per node of -size")
-	flag.StringVar(&f.controllers, "controllers", "ours,kcm", "controllers to run, in order: ours, kcm")
-	flag.Float64Var(&f.qps, "qps", 20, "--kube-api-qps of both controllers")
-	flag.IntVar(&f.burst, "burst", 30, "--kube-api-burst of both controllers")
+	flag.StringVar(&f.controllers, "controllers", defaultControllers, "controllers to run, in order: ours, kcm")
+	flag.Float64Var(&f.qps, "qps", defaultQPS, "--kube-api-qps of both controllers")
+	flag.IntVar(&f.burst, "burst", defaultBurst, "--kube-api-burst of both controllers")
 	flag.DurationVar(&f.idle, "idle", time.Minute, "length of the idle phase")
 	flag.DurationVar(&f.quiet, "quiet", 10*time.Second, "after each phase and churn round, wait until the controller has made no API request for this long...")
 	flag.DurationVar(&f.maxSettle, "max-settle", 10*time.Minute, "...but at most this long")
 	flag.IntVar(&f.rounds, "churn-rounds", 3, "churn rounds")
 	flag.Float64Var(&f.timeoutFactor, "timeout-factor", 6, "a phase fails after this many times its API floor...")
 	flag.DurationVar(&f.minTimeout, "min-timeout", 5*time.Minute, "...or after this, whichever is longer")
+	flag.DurationVar(&f.poll, "poll", 0, "how often the harness compares the cluster with what it expects (default: 100ms, 500ms from 50,000 volumes on)")
 	flag.StringVar(&f.binDir, "bin-dir", "", "directory of etcd, kube-apiserver, kube-controller-manager and attach-detach-controller (default: _output/bin)")
 	flag.StringVar(&f.oursBinary, "ours-binary", "", "attach-detach-controller binary (default: in -bin-dir); e.g. one built from test/bench/cmd/adc-pprof")
 	flag.StringVar(&f.results, "results", "bench/results", "directory of the report")
@@ -72,13 +82,22 @@ func main() {
 func run(f flags) error {
 	size, ok := sizes[f.size]
 	if !ok {
-		return fmt.Errorf("-size must be small or large, got %q", f.size)
+		return fmt.Errorf("-size must be small, large or huge, got %q", f.size)
 	}
 	if f.nodes > 0 {
 		size[0] = f.nodes
 	}
 	if f.podsPerNode > 0 {
 		size[1] = f.podsPerNode
+	}
+	if f.poll <= 0 {
+		// Each comparison lists every VolumeAttachment and node: at 100,000
+		// volumes, every 100 ms would take a good part of a core from the
+		// apiserver.
+		f.poll = 100 * time.Millisecond
+		if size[0]*size[1] >= 50000 {
+			f.poll = 500 * time.Millisecond
+		}
 	}
 	root, err := moduleRoot()
 	if err != nil {
@@ -121,7 +140,7 @@ func run(f flags) error {
 		Size: f.size, Nodes: size[0], PodsPerNode: size[1],
 		QPS: float32(f.qps), Burst: f.burst, ChurnRounds: f.rounds,
 		Idle: f.idle, Quiet: f.quiet, MaxSettle: f.maxSettle,
-		TimeoutFactor: f.timeoutFactor, MinTimeout: f.minTimeout,
+		TimeoutFactor: f.timeoutFactor, MinTimeout: f.minTimeout, Poll: f.poll,
 		Driver: "bench.csi.example.com", WorkDir: f.workDir,
 	}
 	meta := collectMeta(root, f.binDir, now)
@@ -147,7 +166,7 @@ func run(f flags) error {
 	if !filepath.IsAbs(dir) {
 		dir = filepath.Join(root, dir)
 	}
-	path := filepath.Join(dir, now.Format("2006-01-02")+"-"+f.size+".md")
+	path := filepath.Join(dir, now.Format("2006-01-02")+"-"+reportName(f)+".md")
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("create results directory: %w", err)
 	}
@@ -173,6 +192,29 @@ func run(f flags) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// reportName names the report after the size, with what differs from the
+// size's defaults (nodes, pods per node, API budget), so that runs of one day
+// with different settings do not overwrite each other.
+func reportName(f flags) string {
+	name := f.size
+	if f.nodes > 0 {
+		name += fmt.Sprintf("-%dnodes", f.nodes)
+	}
+	if f.podsPerNode > 0 {
+		name += fmt.Sprintf("-%dpods", f.podsPerNode)
+	}
+	if f.qps != defaultQPS || f.burst != defaultBurst {
+		name += fmt.Sprintf("-qps%g", f.qps)
+		if f.burst != defaultBurst {
+			name += fmt.Sprintf("-burst%d", f.burst)
+		}
+	}
+	if f.controllers != defaultControllers {
+		name += "-" + strings.ReplaceAll(f.controllers, ",", "-")
+	}
+	return name
 }
 
 // runAll starts the cluster, the test attacher and the observer, runs each
@@ -217,7 +259,7 @@ func runAll(ctx context.Context, cfg bench.Config, ctrls []bench.Controller) ([]
 	}
 	defer attacher.Wait()
 	defer cancel()
-	observer, err := bench.StartObserver(hctx, observerClient)
+	observer, err := bench.StartObserver(hctx, observerClient, cfg.Poll)
 	if err != nil {
 		return nil, err
 	}
@@ -226,10 +268,13 @@ func runAll(ctx context.Context, cfg bench.Config, ctrls []bench.Controller) ([]
 
 	env := &bench.Env{Cluster: cluster, Client: setup, Observer: observer, AuditLog: auditLog, Config: cfg}
 	var results []*bench.Result
-	for _, c := range ctrls {
+	for i, c := range ctrls {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("interrupted: %w", err)
 		}
+		// After the last controller the cluster stops: deleting its
+		// workload first (minutes at 100,000 volumes) would be wasted.
+		env.LeaveWorkload = i == len(ctrls)-1
 		logger.Info("Benchmarking", "controller", c.Title)
 		results = append(results, bench.Run(hctx, env, c))
 	}
