@@ -171,7 +171,7 @@ func (s *Sim) newController() {
 	}
 	s.queues = nil
 	s.workers = map[string]int{controller.QueuePods: 2, controller.QueueNodes: 2, controller.QueueVolumeAttachments: 2,
-		controller.QueueVolumes: s.cfg.Workers, controller.QueueNodeStatus: 1}
+		controller.QueueVolumes: s.cfg.Workers, controller.QueueNodeStatus: 2}
 	c, err := controller.New(controller.Config{
 		Client:        newClient(s),
 		Recorder:      &recorder{s: s},
@@ -179,7 +179,7 @@ func (s *Sim) newController() {
 		Reconciler:    reconciler.Config{MaxWaitForUnmount: s.cfg.MaxWaitForUnmount},
 		InTree:        intree.NewRegistry(&iscsiPlugin{s: s}),
 		Workers:       s.cfg.Workers,
-		StatusWorkers: 1,
+		StatusWorkers: 2,
 		Informers: &controller.Informers{Pods: s.inf[rPods], PVCs: s.inf[rPVCs], PVs: s.inf[rPVs], Nodes: s.inf[rNodes],
 			CSINodes: s.inf[rCSINodes], CSIDrivers: s.inf[rCSIDrivers], VolumeAttachments: s.inf[rAttachments]},
 		Clock: s.clock,

@@ -104,7 +104,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"How long a volume still mounted on a node whose Node object was deleted is waited for before it is detached anyway (0: at once). "+
 			"Default: the value of --max-wait-for-unmount. Lower it only where a deleted Node object means the machine is gone: "+
 			"a volume of a live machine whose Node object someone deleted would be detached while in use.")
-	fs.IntVar(&o.Workers, "workers", o.Workers, "Number of volume/node pairs reconciled at once (1-1000). Node statuses are written by one writer, one patch per node carrying all its changes.")
+	fs.IntVar(&o.Workers, "workers", o.Workers, "Number of volume/node pairs reconciled at once (1-1000). Node statuses are written by one writer per 40 of --kube-api-qps (1 to 10), one patch per node carrying all its changes.")
 	fs.DurationVar(&o.OtherWriterCheckPeriod, "other-writer-check-period", o.OtherWriterCheckPeriod,
 		"Period of the report (metric, log line) of another attach/detach controller (kube-controller-manager's) writing VolumeAttachments or node.status.volumesAttached beside this one, as the informers see its writes (at least 1s; 0 disables the watch).")
 	fs.StringVar(&o.CSIMigration, "csi-migration", o.CSIMigration,

@@ -97,3 +97,11 @@ func runFlagTests(t *testing.T, tests []flagTest) {
 		})
 	}
 }
+
+func TestStatusWorkersFollowTheBudget(t *testing.T) {
+	for qps, want := range map[float32]int{0.5: 1, 20: 1, 50: 1, 80: 2, 200: 5, 400: 10, 5000: 10} {
+		if got := statusWorkers(qps); got != want {
+			t.Errorf("statusWorkers(%v) = %d, want %d", qps, got, want)
+		}
+	}
+}
