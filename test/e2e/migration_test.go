@@ -19,17 +19,24 @@ const awsEBSPlugin = "kubernetes.io/aws-ebs"
 // its CSI name; it is detached the same way.
 func TestMigratedVolume(t *testing.T) {
 	e := newEnv(t, "migrated", 1, awsEBSPlugin)
-	volumeID := "vol-0e2e" + e.ns[len(e.ns)-4:]
-	src := v1.PersistentVolumeSource{AWSElasticBlockStore: &v1.AWSElasticBlockStoreVolumeSource{VolumeID: volumeID, FSType: "ext4"}}
-	pv, _, err := framework.CreateBoundPVC(e.ctx, e.client, e.ns, "legacy", src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v := csiVolume{claim: "legacy", pv: pv.Name, driver: stack.EBSDriver, handle: volumeID}
+	v := e.createEBSVolume("legacy")
 	e.createPod("app", e.nodes[0], v.claim)
 
 	e.waitAttached(v, e.nodes[0])
 
 	e.deletePod("app")
 	e.waitDetached(v, e.nodes[0])
+}
+
+// createEBSVolume creates a claim bound to an in-tree awsElasticBlockStore
+// PV, which the external-attacher of stack.EBSDriver attaches once migrated.
+func (e *env) createEBSVolume(claim string) csiVolume {
+	e.t.Helper()
+	volumeID := "vol-0e2e" + e.ns[len(e.ns)-4:]
+	src := v1.PersistentVolumeSource{AWSElasticBlockStore: &v1.AWSElasticBlockStoreVolumeSource{VolumeID: volumeID, FSType: "ext4"}}
+	pv, _, err := framework.CreateBoundPVC(e.ctx, e.client, e.ns, claim, src)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return csiVolume{claim: claim, pv: pv.Name, driver: stack.EBSDriver, handle: volumeID}
 }

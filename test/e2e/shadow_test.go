@@ -8,7 +8,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/shadow"
-	"github.com/kube-attach/attach-detach-controller/test/e2e/stack"
 	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
@@ -53,13 +52,7 @@ func TestShadowOnTheWorkload(t *testing.T) {
 	e.createPod("shared-0", e.nodes[0], shared.claim)
 	e.createPod("shared-1", e.nodes[1], shared.claim)
 	// A migrated in-tree EBS volume.
-	volumeID := "vol-0e2e" + e.ns[len(e.ns)-4:]
-	src := v1.PersistentVolumeSource{AWSElasticBlockStore: &v1.AWSElasticBlockStoreVolumeSource{VolumeID: volumeID, FSType: "ext4"}}
-	pv, _, err := framework.CreateBoundPVC(e.ctx, e.client, e.ns, "legacy", src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	legacy := csiVolume{claim: "legacy", pv: pv.Name, driver: stack.EBSDriver, handle: volumeID}
+	legacy := e.createEBSVolume("legacy")
 	e.createPod("legacy", e.nodes[2], legacy.claim)
 	// A ReadWriteOnce volume wanted on two nodes.
 	data := e.createVolume("data")
