@@ -388,12 +388,16 @@ func (c *Controller) RunGraceful(ctx, stop context.Context, onReady func()) erro
 		}()
 	}
 	logger.Info("Waiting for informer caches")
+	listStart := time.Now()
 	if !toolscache.WaitForCacheSync(early.Done(), c.synced...) {
 		if ctx.Err() == nil {
 			return nil
 		}
 		return fmt.Errorf("informer caches did not sync: %w", ctx.Err())
 	}
+	// A restart's time to ready is these two: the initial list and the
+	// rebuild, logged apart.
+	logger.Info("Informer caches synced", "duration", time.Since(listStart).Round(time.Millisecond))
 	if c.nodeInfos != nil {
 		c.nodeInfos.start(ctx, time.Minute)
 		defer c.nodeInfos.stopInformer()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -25,6 +26,7 @@ var everything = labels.Everything()
 // controller was down is detached right away.
 func (c *Controller) Recover(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
+	start := time.Now()
 	vas, err := c.attachments.List(everything)
 	if err != nil {
 		return fmt.Errorf("list VolumeAttachments: %w", err)
@@ -79,7 +81,8 @@ func (c *Controller) Recover(ctx context.Context) error {
 	// Every known key gets one look, whether or not it changed.
 	c.touch(c.actual.Keys()...)
 	c.touch(c.desired.Keys()...)
-	logger.Info("Recovered state", "attachments", len(c.actual.Keys()), "desired", len(c.desired.Keys()), "pods", len(pods), "nodes", len(nodes))
+	logger.Info("Recovered state", "attachments", len(c.actual.Keys()), "desired", len(c.desired.Keys()), "pods", len(pods), "nodes", len(nodes),
+		"duration", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

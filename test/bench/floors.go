@@ -40,5 +40,10 @@ func (f Floors) BurstStatus(volumes, nodes int) time.Duration { return f.Writes(
 // ChurnRound is the floor of one churn round moving v volumes across n nodes.
 func (f Floors) ChurnRound(v, n int) time.Duration { return f.Writes(2*v + n) }
 
+// ChurnRoundPrompt is the floor of one churn round for a controller that
+// writes every change promptly: 2v + 2n (the floor of the 2026-11-21
+// reports).
+func (f Floors) ChurnRoundPrompt(v, n int) time.Duration { return f.Writes(2*v + 2*n) }
+
 // Teardown is the floor of "every VolumeAttachment gone".
 func (f Floors) Teardown(volumes, nodes int) time.Duration { return f.Writes(volumes + nodes) }

@@ -40,6 +40,7 @@ const (
 	MAttached = "attached" // and is attached
 	MStatus   = "status"   // node statuses list exactly the expected volumes
 	MGone     = "gone"     // no VolumeAttachment left that is not expected
+	MHalf     = "half"     // half the expected volumes are listed in their node's status: a pod's median wait
 	MDone     = "done"     // all of them
 
 	MPodsWritten = "pods written" // the harness has made every pod write of the phase (its load, not the controller's work)
@@ -53,8 +54,11 @@ var (
 	milestoneExist    = Milestone{MExist, Snapshot.AllExist}
 	milestoneAttached = Milestone{MAttached, func(s Snapshot) bool { return s.Attached == s.Expected }}
 	milestoneStatus   = Milestone{MStatus, Snapshot.StatusExact}
-	milestoneGone     = Milestone{MGone, Snapshot.NoExtra}
-	milestoneDone     = Milestone{MDone, Snapshot.Converged}
+	// A pod's volume is usable once its node's status lists it (kubelet
+	// waits for that): the median of that wait over a burst.
+	milestoneHalfReported = Milestone{MHalf, func(s Snapshot) bool { return 2*s.Reported >= s.Expected }}
+	milestoneGone         = Milestone{MGone, Snapshot.NoExtra}
+	milestoneDone         = Milestone{MDone, Snapshot.Converged}
 )
 
 // Config is one benchmark run.
@@ -316,18 +320,34 @@ func (r *runner) startup(ctx context.Context, p *PhaseResult) error {
 func (r *runner) burst(ctx context.Context, p *PhaseResult) error {
 	f := r.cfg.Floors()
 	exp := r.w.Expect(r.w.All())
+	// Observed from the first pod write: half the volumes may be reported
+	// before the harness has written the last pod.
+	awaitCtx, cancelAwait := context.WithCancel(ctx)
+	defer cancelAwait()
+	type awaited struct {
+		times map[string]time.Duration
+		err   error
+	}
+	done := make(chan awaited, 1)
+	go func() {
+		t, err := r.env.Observer.Await(awaitCtx, exp, p.Start, r.cfg.timeout(f.BurstStatus(r.w.Volumes(), r.w.Nodes)),
+			milestoneExist, milestoneAttached, milestoneHalfReported, milestoneStatus, milestoneDone)
+		done <- awaited{t, err}
+	}()
 	if err := r.w.CreatePods(ctx, r.env.Client, r.w.All()); err != nil {
+		cancelAwait()
+		<-done
 		return err
 	}
 	written := time.Since(p.Start)
 	r.logger.Info("Pods created", "pods", r.w.Volumes(), "after", written.Round(time.Millisecond))
-	t, err := r.env.Observer.Await(ctx, exp, p.Start, r.cfg.timeout(f.BurstStatus(r.w.Volumes(), r.w.Nodes)),
-		milestoneExist, milestoneAttached, milestoneStatus, milestoneDone)
-	p.Times = t
+	a := <-done
+	p.Times = a.times
 	p.Times[MPodsWritten] = written
-	if err != nil {
-		return err
+	if a.err != nil {
+		return a.err
 	}
+	var err error
 	p.LastRequest, err = r.settle(ctx, p.Start)
 	return err
 }

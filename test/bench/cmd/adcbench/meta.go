@@ -51,7 +51,8 @@ func notes(cfg bench.Config, ctrls []bench.Controller) []string {
 			"on deletion it removes its finalizer. No kubelet runs: `volumesInUse` stays empty, so every detach is allowed at once. Nodes carry a kubelet-like status " +
 			"(capacity, addresses, 10 images); pods have one container and one claim.",
 		fmt.Sprintf("Times are measured by the harness's own informers, compared every %s, from the first pod write of the phase. ", cfg.Poll) +
-			"burst: all pods created at once (32 in flight). churn: per round one pod per node is deleted and replaced by a pod on the next node using the same claim " +
+			"burst: all pods created at once (32 in flight); \"half the volumes in node.status\" is when half the burst's volumes are first listed in their node's status " +
+			"(kubelet mounts a volume only once it is listed there), a pod's median wait. churn: per round one pod per node is deleted and replaced by a pod on the next node using the same claim " +
 			"(old attachment detached, then new one attached: ReadWriteOnce); done = old VolumeAttachments gone, new ones attached and every node.status exact. " +
 			"teardown: every pod deleted. " +
 			"restart (after idle, everything attached): SIGTERM, then the same command again; right after the new process starts the harness creates one more volume " +
@@ -61,10 +62,10 @@ func notes(cfg bench.Config, ctrls []bench.Controller) []string {
 			"The restart's writes leave out those on the new volume's VolumeAttachment and node (listed apart): with everything attached and reported, starting needs none.",
 		fmt.Sprintf("After each phase and each churn round the harness waits until the controller has made no API request for %s (its trailing work, mostly events, "+
 			"counts for the phase: \"last API request\"), so that the next phase starts from a quiet controller and a full token bucket. "+
-			"Discovery GETs do not count as work there: ours asks every 5 s whether the CSINodeInfo CRD is served; they are counted in the tables.", cfg.Quiet),
+			"Discovery GETs do not count as work there; they are counted in the tables.", cfg.Quiet),
 		fmt.Sprintf("API floor = (W − burst) / QPS with QPS=%g, burst=%d, W the writes no controller can avoid: burst VolumeAttachments: V creates; "+
 			"burst node status: V creates + N node status patches; churn round moving v volumes across n nodes: v deletes + v creates + n status patches "+
-			"(a controller that writes each change at once needs 2n: withdraw before the detach, report after the attach); "+
+			"(a controller that writes each change at once needs 2n: withdraw before the detach, report after the attach; the row \"against the floor of writing each change at once\" uses 2n); "+
 			"teardown: V deletes + N status patches. V volumes, N nodes. Each is a lower bound, not a target a correct controller always reaches.", cfg.QPS, cfg.Burst),
 		fmt.Sprintf("CPU = utime+stime of the controller process from /proc/PID/stat (USER_HZ=100); RSS = VmRSS, peak = VmHWM from /proc/PID/status "+
 			"(the run's peak: the higher of the process stopped by the restart and the one started by it). "+
