@@ -8,6 +8,14 @@
 SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
 
+# Every go command builds the way the image and the tools do (CGO off,
+# -trimpath): the packages go vet, staticcheck, the tests, the controller and
+# hack/tools share (client-go, apiserver, ...; hack/tools/go.mod holds them at
+# the same versions) compile once on a cold cache. Only the race detector's
+# build (cgo) is one of its own.
+export CGO_ENABLED := 0
+export GOFLAGS     := $(strip $(filter-out -trimpath,$(GOFLAGS)) -trimpath)
+
 BIN_DIR     := _output/bin
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X github.com/kube-attach/attach-detach-controller/cmd/attach-detach-controller/app.Version=$(VERSION)
@@ -42,7 +50,7 @@ test: test-unit test-sim
 	$(MAKE) --no-print-directory -j 3 test-integration test-e2e test-chaos
 
 test-unit:
-	$(GO_TEST) $(TEST_FLAGS) -race ./pkg/... ./cmd/...
+	CGO_ENABLED=1 $(GO_TEST) $(TEST_FLAGS) -race ./pkg/... ./cmd/...
 
 # The deterministic simulation (test/sim): SIM_SEEDS seeds from SIM_FIRST_SEED;
 # SIM_SEED=N replays one seed with its whole trace.

@@ -135,7 +135,10 @@ out_dir="$(mktemp -d "${bin_dir}/.build.XXXXXX")"
 trap 'rm -rf "${out_dir}"' EXIT
 start=${SECONDS}
 echo "building ${names[*]}" >&2
-(cd "${tools_dir}" && go build -trimpath -o "${out_dir}/" "${pkgs[@]}")
+# CGO off and -trimpath, as the Makefile builds everything: the packages the
+# tools share with the controller and its tests (hack/tools/go.mod holds them
+# at the controller's versions) compile once.
+(cd "${tools_dir}" && CGO_ENABLED=0 go build -trimpath -o "${out_dir}/" "${pkgs[@]}")
 for i in "${!names[@]}"; do
   mv -f "${out_dir}/$(output_name "${pkgs[i]}")" "${bin_dir}/${names[i]}"
   echo "${stamps[i]}" >"${bin_dir}/.${names[i]}.stamp.tmp"
