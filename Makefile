@@ -11,7 +11,8 @@ SHELL := /usr/bin/env bash
 # Every go command builds the way the image and the tools do (CGO off,
 # -trimpath): the packages go vet, staticcheck, the tests, the controller and
 # hack/tools share (client-go, apiserver, ...; hack/tools/go.mod holds them at
-# the same versions) compile once on a cold cache. Only the race detector's
+# the same versions, hack/verify-shared-modules.sh checks it) compile once on
+# a cold cache. Only the race detector's
 # build (cgo) is one of its own.
 export CGO_ENABLED := 0
 export GOFLAGS     := $(strip $(filter-out -trimpath,$(GOFLAGS)) -trimpath)
@@ -102,6 +103,7 @@ verify:
 	go run $(STATICCHECK) ./...
 	hack/verify-dockerfile.sh
 	hack/verify-manifests.sh
+	hack/verify-shared-modules.sh
 	@# Kubernetes libraries stay on one release.
 	@bad="$$(go list -m -f '{{.Path}} {{.Version}}' all | awk '$$1 ~ /^k8s\.io\/(api|apimachinery|apiserver|client-go|component-base|csi-translation-lib|kms)$$/ && $$2 !~ /^v0\.36\./')"; \
 	  if [[ -n "$$bad" ]]; then echo "Kubernetes libraries must stay on v0.36.x:"; echo "$$bad"; exit 1; fi
