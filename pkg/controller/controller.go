@@ -402,7 +402,7 @@ func (c *Controller) RunGraceful(ctx, stop context.Context, onReady func()) erro
 		c.nodeInfos.start(ctx, time.Minute)
 		defer c.nodeInfos.stopInformer()
 	}
-	recovered, err := c.recoverPaced(ctx)
+	recovered, err := c.RecoverHeld(ctx)
 	if err != nil {
 		return err
 	}

@@ -105,10 +105,11 @@ const (
 	recoveryFeedInterval = 5 * time.Millisecond
 )
 
-// recoverPaced is Recover with the volume keys it queues held back: they
-// are returned, in the order Recover queued them, for feedRecovered. Only
-// before the workers start: nothing else adds to the volume queue then.
-func (c *Controller) recoverPaced(ctx context.Context) ([]cache.Key, error) {
+// RecoverHeld is Recover with the volume keys it queues held back: they
+// are returned, in the order Recover queued them, for the caller to queue
+// (Run: feedRecovered). Only before the workers start: nothing else adds to
+// the volume queue then.
+func (c *Controller) RecoverHeld(ctx context.Context) ([]cache.Key, error) {
 	queue := c.volumeQueue
 	held := &heldKeys{TypedRateLimitingInterface: queue, seen: sets.New[cache.Key]()}
 	c.volumeQueue = held

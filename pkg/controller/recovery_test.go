@@ -103,17 +103,17 @@ func TestRecover(t *testing.T) {
 		// same writes.
 		t.Run(tc.name+", paced", func(t *testing.T) {
 			f := newFixture(t, tc.objects...)
-			held, err := f.c.recoverPaced(f.ctx)
+			held, err := f.c.RecoverHeld(f.ctx)
 			if err != nil {
-				t.Fatalf("recoverPaced: %v", err)
+				t.Fatalf("RecoverHeld: %v", err)
 			}
-			checkList(t, "actual state after recoverPaced", f.actualState(), tc.wantActual)
-			checkList(t, "desired state after recoverPaced", f.desiredState(), tc.wantDesired)
+			checkList(t, "actual state after RecoverHeld", f.actualState(), tc.wantActual)
+			checkList(t, "desired state after RecoverHeld", f.desiredState(), tc.wantDesired)
 			if pending := f.volumes.pending(); len(pending) != 0 {
-				t.Errorf("volume keys queued by recoverPaced: %v, want every one held back", pending)
+				t.Errorf("volume keys queued by RecoverHeld: %v, want every one held back", pending)
 			}
 			if len(tc.wantWrites) > 0 && len(held) == 0 {
-				t.Fatal("recoverPaced held back no key, and the workers have writes to make")
+				t.Fatal("RecoverHeld held back no key, and the workers have writes to make")
 			}
 			feedRecovered(f.ctx, f.volumes, held, len(held), nil)
 			f.drain()
