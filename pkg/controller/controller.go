@@ -402,10 +402,18 @@ func (c *Controller) RunGraceful(ctx, stop context.Context, onReady func()) erro
 		c.nodeInfos.start(ctx, time.Minute)
 		defer c.nodeInfos.stopInformer()
 	}
-	if err := c.Recover(ctx); err != nil {
+	recovered, err := c.RecoverHeld(ctx)
+	if err != nil {
 		return err
 	}
 	var wg sync.WaitGroup
+	wg.Go(func() {
+		start := time.Now()
+		tick := time.NewTicker(recoveryFeedInterval)
+		defer tick.Stop()
+		feedRecovered(ctx, c.volumeQueue, recovered, recoveryFeedDepth, tick.C)
+		logger.V(2).Info("Every recovered volume queued", "volumes", len(recovered), "duration", time.Since(start).Round(time.Millisecond))
+	})
 	run := func(n int, worker func(context.Context)) {
 		for range n {
 			wg.Go(func() { wait.UntilWithContext(ctx, worker, time.Second) })

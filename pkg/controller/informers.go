@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -50,7 +51,7 @@ func trimPV(pv *v1.PersistentVolume) *v1.PersistentVolume {
 			DeletionTimestamp: pv.DeletionTimestamp,
 		},
 		Spec: v1.PersistentVolumeSpec{
-			PersistentVolumeSource: pv.Spec.PersistentVolumeSource,
+			PersistentVolumeSource: trimSource(pv.Spec.PersistentVolumeSource),
 			AccessModes:            pv.Spec.AccessModes,
 			VolumeMode:             pv.Spec.VolumeMode,
 			NodeAffinity:           pv.Spec.NodeAffinity,
@@ -58,17 +59,54 @@ func trimPV(pv *v1.PersistentVolume) *v1.PersistentVolume {
 		Status: v1.PersistentVolumeStatus{Phase: pv.Status.Phase},
 	}
 	if r := pv.Spec.ClaimRef; r != nil {
-		out.Spec.ClaimRef = &v1.ObjectReference{Namespace: r.Namespace, Name: r.Name, UID: r.UID}
+		out.Spec.ClaimRef = &v1.ObjectReference{Namespace: shared(r.Namespace), Name: r.Name, UID: r.UID}
 	}
 	return out
 }
+
+// trimSource keeps of a CSI source what names and attaches the volume
+// (driver, handle, read-only), not its attributes or secret references; an
+// in-tree source is kept whole (csi-translation-lib reads it).
+func trimSource(src v1.PersistentVolumeSource) v1.PersistentVolumeSource {
+	if csi := src.CSI; csi != nil {
+		src.CSI = &v1.CSIPersistentVolumeSource{Driver: shared(csi.Driver), VolumeHandle: csi.VolumeHandle, ReadOnly: csi.ReadOnly}
+	}
+	return src
+}
+
+// shared returns one copy of each distinct string: the node, namespace and
+// driver names that thousands of cached objects repeat are held once, not
+// once per object as decoding leaves them. The table forgets everything
+// when it grows past maxShared distinct strings (a bound, not a cache).
+func shared(s string) string {
+	if s == "" {
+		return s
+	}
+	sharedStrings.Lock()
+	defer sharedStrings.Unlock()
+	if v, ok := sharedStrings.m[s]; ok {
+		return v
+	}
+	if len(sharedStrings.m) >= maxShared {
+		clear(sharedStrings.m)
+	}
+	sharedStrings.m[s] = s
+	return s
+}
+
+const maxShared = 1 << 17
+
+var sharedStrings = struct {
+	sync.Mutex
+	m map[string]string
+}{m: map[string]string{}}
 
 // trimPVC keeps what binds a claim to its PV.
 func trimPVC(pvc *v1.PersistentVolumeClaim) *v1.PersistentVolumeClaim {
 	return &v1.PersistentVolumeClaim{
 		TypeMeta: pvc.TypeMeta,
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace: pvc.Namespace, Name: pvc.Name, UID: pvc.UID, ResourceVersion: pvc.ResourceVersion,
+			Namespace: shared(pvc.Namespace), Name: pvc.Name, UID: pvc.UID, ResourceVersion: pvc.ResourceVersion,
 			DeletionTimestamp: pvc.DeletionTimestamp,
 		},
 		Spec:   v1.PersistentVolumeClaimSpec{VolumeName: pvc.Spec.VolumeName},
@@ -80,10 +118,10 @@ func trimPod(p *v1.Pod) *v1.Pod {
 	out := &v1.Pod{
 		TypeMeta: p.TypeMeta,
 		ObjectMeta: metav1.ObjectMeta{
-			Name: p.Name, Namespace: p.Namespace, UID: p.UID,
+			Name: p.Name, Namespace: shared(p.Namespace), UID: p.UID,
 			ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp,
 		},
-		Spec:   v1.PodSpec{NodeName: p.Spec.NodeName},
+		Spec:   v1.PodSpec{NodeName: shared(p.Spec.NodeName)},
 		Status: v1.PodStatus{Phase: p.Status.Phase},
 	}
 	if p.DeletionTimestamp != nil {

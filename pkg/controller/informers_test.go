@@ -1,11 +1,15 @@
 package controller
 
 import (
+	"strings"
 	"testing"
+	"unsafe"
 
 	v1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
@@ -170,4 +174,53 @@ func TestTrimPVAndClaim(t *testing.T) {
 		gotPVC.Spec.VolumeName != "pv" || gotPVC.Status.Phase != v1.ClaimBound {
 		t.Errorf("needed fields lost: %+v", gotPVC)
 	}
+}
+
+// A CSI PV keeps its driver, handle and read-only flag, not its attributes
+// or secret references; the node, namespace and driver names that many
+// objects repeat are held once.
+func TestTrimCSIAndSharedStrings(t *testing.T) {
+	csiPV := func() *v1.PersistentVolume {
+		return &v1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: "pv"},
+			Spec: v1.PersistentVolumeSpec{
+				PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{
+					Driver: strings.Clone("ebs.csi.aws.com"), VolumeHandle: "vol-1", ReadOnly: true, FSType: "ext4",
+					VolumeAttributes:           map[string]string{"storage.kubernetes.io/csiProvisionerIdentity": "1700000000000-8081-ebs.csi.aws.com"},
+					ControllerPublishSecretRef: &v1.SecretReference{Name: "s", Namespace: "kube-system"},
+				}},
+				ClaimRef: &v1.ObjectReference{Namespace: strings.Clone("team-a"), Name: "c"},
+			},
+		}
+	}
+	trimmed := func(o runtime.Object) runtime.Object {
+		t.Helper()
+		out, err := Trim(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out.(runtime.Object)
+	}
+	a, b := trimmed(csiPV()).(*v1.PersistentVolume), trimmed(csiPV()).(*v1.PersistentVolume)
+	want := v1.CSIPersistentVolumeSource{Driver: "ebs.csi.aws.com", VolumeHandle: "vol-1", ReadOnly: true}
+	if got := a.Spec.CSI; got == nil || !apiequality.Semantic.DeepEqual(*got, want) {
+		t.Errorf("CSI source %+v, want %+v", got, want)
+	}
+	same := func(what, x, y string) {
+		t.Helper()
+		if x != y || unsafe.StringData(x) != unsafe.StringData(y) {
+			t.Errorf("%s: %q and %q are not one copy", what, x, y)
+		}
+	}
+	same("driver", a.Spec.CSI.Driver, b.Spec.CSI.Driver)
+	same("claimRef namespace", a.Spec.ClaimRef.Namespace, b.Spec.ClaimRef.Namespace)
+
+	pod := func(name string) *v1.Pod {
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: strings.Clone("team-a"), Name: name},
+			Spec: v1.PodSpec{NodeName: strings.Clone("node-1")}}
+	}
+	p, q := trimmed(pod("p")).(*v1.Pod), trimmed(pod("q")).(*v1.Pod)
+	same("node name", p.Spec.NodeName, q.Spec.NodeName)
+	same("pod namespace", p.Namespace, q.Namespace)
+	same("namespace of a pod and of a PV's claim", p.Namespace, a.Spec.ClaimRef.Namespace)
 }

@@ -11,6 +11,8 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
@@ -91,4 +93,63 @@ func kindOf(name volume.Name) volume.Kind {
 		return volume.KindCSI
 	}
 	return volume.KindInTree
+}
+
+// After a restart, Recover gives every known volume one look: at 100,000
+// volumes, seconds of syncs. Queued all at once, they would hold the first
+// attach of a pod created meanwhile behind every one of them; fed to the
+// volume queue a few at a time instead, an event's key waits behind at most
+// recoveryFeedDepth of them.
+const (
+	recoveryFeedDepth    = 256
+	recoveryFeedInterval = 5 * time.Millisecond
+)
+
+// RecoverHeld is Recover with the volume keys it queues held back: they
+// are returned, in the order Recover queued them, for the caller to queue
+// (Run: feedRecovered). Only before the workers start: nothing else adds to
+// the volume queue then.
+func (c *Controller) RecoverHeld(ctx context.Context) ([]cache.Key, error) {
+	queue := c.volumeQueue
+	held := &heldKeys{TypedRateLimitingInterface: queue, seen: sets.New[cache.Key]()}
+	c.volumeQueue = held
+	defer func() { c.volumeQueue = queue }()
+	err := c.Recover(ctx)
+	return held.keys, err
+}
+
+// heldKeys is a volume queue whose Add only records the key.
+type heldKeys struct {
+	workqueue.TypedRateLimitingInterface[cache.Key]
+	keys []cache.Key
+	seen sets.Set[cache.Key]
+}
+
+func (h *heldKeys) Add(k cache.Key) {
+	if !h.seen.Has(k) {
+		h.seen.Insert(k)
+		h.keys = append(h.keys, k)
+	}
+}
+
+// feedRecovered adds keys to queue whenever it holds fewer than depth items,
+// checking every tick, until every key is added or ctx is done.
+func feedRecovered(ctx context.Context, queue interface {
+	Len() int
+	Add(cache.Key)
+}, keys []cache.Key, depth int, tick <-chan time.Time) {
+	for {
+		n := min(len(keys), max(0, depth-queue.Len()))
+		for _, k := range keys[:n] {
+			queue.Add(k)
+		}
+		if keys = keys[n:]; len(keys) == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick:
+		}
+	}
 }

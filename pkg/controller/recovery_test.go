@@ -1,11 +1,17 @@
 package controller
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
@@ -92,6 +98,27 @@ func TestRecover(t *testing.T) {
 			f.drain()
 			checkList(t, "API writes of the workers", f.writes(), tc.wantWrites)
 		})
+		// As Run recovers: the volume keys held back, then fed to the
+		// queue; the same state and, once every key had its look, the
+		// same writes.
+		t.Run(tc.name+", paced", func(t *testing.T) {
+			f := newFixture(t, tc.objects...)
+			held, err := f.c.RecoverHeld(f.ctx)
+			if err != nil {
+				t.Fatalf("RecoverHeld: %v", err)
+			}
+			checkList(t, "actual state after RecoverHeld", f.actualState(), tc.wantActual)
+			checkList(t, "desired state after RecoverHeld", f.desiredState(), tc.wantDesired)
+			if pending := f.volumes.pending(); len(pending) != 0 {
+				t.Errorf("volume keys queued by RecoverHeld: %v, want every one held back", pending)
+			}
+			if len(tc.wantWrites) > 0 && len(held) == 0 {
+				t.Fatal("RecoverHeld held back no key, and the workers have writes to make")
+			}
+			feedRecovered(f.ctx, f.volumes, held, len(held), nil)
+			f.drain()
+			checkList(t, "API writes of the workers", f.writes(), tc.wantWrites)
+		})
 	}
 }
 
@@ -117,5 +144,63 @@ func TestRecoverReadsPodsInOrder(t *testing.T) {
 		if !strings.HasSuffix(got[i], want[i]) {
 			t.Errorf("event %d: %q, want the warning ending %q", i, got[i], want[i])
 		}
+	}
+}
+
+// A key an event queues after a restart waits behind at most depth of the
+// keys recovery found, however many there are; and every one of those is
+// queued in the end.
+func TestFeedRecovered(t *testing.T) {
+	const total, depth = 1000, 10
+	queue := workqueue.NewTyped[cache.Key]()
+	defer queue.ShutDown()
+	var keys []cache.Key
+	for i := range total {
+		keys = append(keys, cache.Key{Volume: volume.Name(fmt.Sprintf("v-%04d", i)), Node: "node-1"})
+	}
+	tick := make(chan time.Time)
+	fed := make(chan struct{})
+	go func() {
+		defer close(fed)
+		feedRecovered(context.Background(), queue, keys, depth, tick)
+	}()
+	// The feeder fills the queue to depth and waits for a tick.
+	if err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true,
+		func(context.Context) (bool, error) { return queue.Len() == depth, nil }); err != nil {
+		t.Fatalf("queue holds %d keys, want %d", queue.Len(), depth)
+	}
+	fresh := cache.Key{Volume: "new-pod-volume", Node: "node-2"}
+	queue.Add(fresh)
+	seen := map[cache.Key]bool{}
+	freshAt := 0
+	for len(seen) < total+1 {
+		if queue.Len() == 0 {
+			select {
+			case tick <- time.Now():
+			case <-fed:
+				// Returned: every key it had is in.
+				if queue.Len() == 0 {
+					t.Fatalf("feedRecovered returned with %d of %d keys queued", len(seen), total+1)
+				}
+			}
+			continue
+		}
+		k, _ := queue.Get()
+		if seen[k] {
+			t.Fatalf("key %v queued twice", k)
+		}
+		seen[k] = true
+		if k == fresh {
+			freshAt = len(seen)
+		}
+		queue.Done(k)
+	}
+	if freshAt == 0 || freshAt > depth+1 {
+		t.Errorf("the key queued after recovery came out %dth, want within the first %d", freshAt, depth+1)
+	}
+	select {
+	case <-fed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("feedRecovered did not return once every key was queued")
 	}
 }

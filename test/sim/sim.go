@@ -94,6 +94,10 @@ type Sim struct {
 	vols   []simVolume
 	intree map[string]map[string]bool // node -> in-tree unique names attached
 	podSeq int
+	// volumeQueue is the controller's volume queue; recovered, the keys its
+	// recovery held back and not yet queued.
+	volumeQueue *queue[cache.Key]
+	recovered   []cache.Key
 	// unwantedSince: since when no live pod wants the volume on the node;
 	// deletedInUse: what a node had mounted when its object was deleted.
 	unwantedSince map[pair]time.Time
@@ -191,6 +195,7 @@ func (s *Sim) newController() {
 		NewKeyQueue: func(name string) workqueueOf[cache.Key] {
 			q := newQueue[cache.Key](s, name)
 			s.queues = append(s.queues, q)
+			s.volumeQueue = q
 			return q
 		},
 	})
@@ -205,10 +210,14 @@ func (s *Sim) newController() {
 			s.inf[r].deliver(event{typ: added, obj: o})
 		}
 	}
-	if err := c.Recover(s.ctx); err != nil {
+	// As Run does: the volume keys recovery found are held back and fed to
+	// the queue a few at a time (feedRecovered), events meanwhile.
+	held, err := c.RecoverHeld(s.ctx)
+	if err != nil {
 		panic(err)
 	}
-	s.tracef("controller generation %d started", s.gen)
+	s.recovered = held
+	s.tracef("controller generation %d started, %d recovered volume keys to queue", s.gen, len(held))
 }
 
 // kill stops the controller as SIGKILL does: calls in flight get no answer.
@@ -315,6 +324,9 @@ func (s *Sim) act(chaos bool) (progress bool) {
 	if len(s.paused) > 0 {
 		add(5, "resume", func() { s.resumeAt(s.rng.Intn(len(s.paused))) })
 	}
+	if len(s.recovered) > 0 {
+		add(3, "feed recovered", s.feedRecovered)
+	}
 	if s.attacherPending() {
 		add(2, "attacher", s.attacher)
 	}
@@ -357,6 +369,16 @@ func (s *Sim) act(chaos bool) (progress bool) {
 	}
 	cs[len(cs)-1].do()
 	return true
+}
+
+// feedRecovered queues the next 1 to 4 volume keys recovery held back.
+func (s *Sim) feedRecovered() {
+	n := min(len(s.recovered), 1+s.rng.Intn(4))
+	for _, k := range s.recovered[:n] {
+		s.volumeQueue.Add(k)
+	}
+	s.recovered = s.recovered[n:]
+	s.tracef("feed %d recovered volume keys, %d left", n, len(s.recovered))
 }
 
 func (s *Sim) deliver(r string) {
