@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -88,14 +89,11 @@ func (n *nodeInfos) run(ctx context.Context) {
 		klog.FromContext(ctx).Error(err, "Watch the CSINodeInfo CRD; checking it every period only", "period", n.period)
 	} else {
 		crdCtx, stop := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			crds.RunWithContext(crdCtx)
-		}()
+		var wg sync.WaitGroup
+		wg.Go(func() { crds.RunWithContext(crdCtx) })
 		defer func() {
 			stop()
-			<-done
+			wg.Wait()
 		}()
 	}
 	ticker := time.NewTicker(n.period)

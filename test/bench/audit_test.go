@@ -29,10 +29,7 @@ func TestCountRequests(t *testing.T) {
 		line("5", "ResponseComplete", ours, "get", "", "", 13*time.Second),
 		line("6", "ResponseComplete", ours, "delete", "volumeattachments", "", 30*time.Second), // in no window
 	}, "\n") + "\n"
-	path := filepath.Join(t.TempDir(), "audit.log")
-	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	path := writeAuditLog(t, log)
 	got, err := CountRequests(path, ours, []Window{
 		{Name: "a", Start: t0, End: t0.Add(10 * time.Second)},
 		{Name: "b", Start: t0.Add(10 * time.Second), End: t0.Add(20 * time.Second)},
@@ -62,6 +59,7 @@ func TestFloors(t *testing.T) {
 		{"burst creates", f.BurstCreates(500), 23500 * time.Millisecond},
 		{"burst status", f.BurstStatus(500, 50), 26 * time.Second},
 		{"churn round", f.ChurnRound(50, 50), 6 * time.Second},
+		{"churn round writing each change at once", f.ChurnRoundPrompt(50, 50), 8500 * time.Millisecond},
 		{"teardown", f.Teardown(500, 50), 26 * time.Second},
 		{"within burst", f.Writes(10), 0},
 	} {
@@ -84,10 +82,7 @@ func TestCountRequestsObjects(t *testing.T) {
 		line("3", "patch", "nodes", "status", "node-1"),
 		line("4", "list", "pods", "", ""),
 	}, "\n") + "\n"
-	path := filepath.Join(t.TempDir(), "audit.log")
-	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	path := writeAuditLog(t, log)
 	end := t0.Add(time.Minute)
 	got, err := CountRequests(path, ours, []Window{
 		{Name: "new", Start: t0, End: end, Objects: map[string]bool{"csi-new": true, "canary": true}},
@@ -163,4 +158,14 @@ func TestLogScan(t *testing.T) {
 	if !s.found() {
 		t.Error("not found once the message is complete across two reads")
 	}
+}
+
+// writeAuditLog writes content as an audit log file and returns its path.
+func writeAuditLog(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "audit.log")
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

@@ -198,10 +198,16 @@ func (w *Workload) Expect(volumes []int) *Expectation {
 
 // CanaryExpect is Expect for the canary node with (or without) its pod.
 func (w *Workload) CanaryExpect(withPod bool) *Expectation {
+	return w.canaryExpect(w.canaryHandle(), withPod)
+}
+
+// canaryExpect is Expect for the canary node with (or without) the volume
+// of handle.
+func (w *Workload) canaryExpect(handle string, withVolume bool) *Expectation {
 	e := newExpectation(w.Driver)
 	e.addNode(w.CanaryNode())
-	if withPod {
-		e.addVolume(w.canaryHandle(), w.CanaryNode())
+	if withVolume {
+		e.addVolume(handle, w.CanaryNode())
 	}
 	return e
 }
@@ -226,12 +232,7 @@ func (w *Workload) DeleteNewVolumePod(ctx context.Context, client kubernetes.Int
 // NewVolumeExpect is Expect for the canary node with (or without) the pod
 // of CreateNewVolume; the canary's own pod is gone by then.
 func (w *Workload) NewVolumeExpect(withPod bool) *Expectation {
-	e := newExpectation(w.Driver)
-	e.addNode(w.CanaryNode())
-	if withPod {
-		e.addVolume(w.newHandle(), w.CanaryNode())
-	}
-	return e
+	return w.canaryExpect(w.newHandle(), withPod)
 }
 
 // NewVolumeObjects names the objects the controller writes for the volume

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -182,14 +183,11 @@ func newGuard(o *Options, reg prometheus.Registerer) (*guard.Guard, error) {
 // returned function stops it and waits for it.
 func runGuard(ctx context.Context, g *guard.Guard) func() {
 	guardCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		g.Run(guardCtx)
-	}()
+	var wg sync.WaitGroup
+	wg.Go(func() { g.Run(guardCtx) })
 	return func() {
 		cancel()
-		<-done
+		wg.Wait()
 	}
 }
 
