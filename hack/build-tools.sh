@@ -137,8 +137,9 @@ start=${SECONDS}
 echo "building ${names[*]}" >&2
 # CGO off and -trimpath, as the Makefile builds everything: the packages the
 # tools share with the controller and its tests (hack/tools/go.mod holds them
-# at the controller's versions) compile once.
-(cd "${tools_dir}" && CGO_ENABLED=0 go build -trimpath -o "${out_dir}/" "${pkgs[@]}")
+# at the controller's versions) compile once. No DWARF (-w): the links take
+# a fifth less; stack traces are unchanged.
+(cd "${tools_dir}" && CGO_ENABLED=0 go build -trimpath -ldflags=-w -o "${out_dir}/" "${pkgs[@]}")
 for i in "${!names[@]}"; do
   mv -f "${out_dir}/$(output_name "${pkgs[i]}")" "${bin_dir}/${names[i]}"
   echo "${stamps[i]}" >"${bin_dir}/.${names[i]}.stamp.tmp"

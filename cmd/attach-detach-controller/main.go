@@ -9,8 +9,9 @@ import (
 	"k8s.io/component-base/cli"
 
 	"github.com/kube-attach/attach-detach-controller/cmd/attach-detach-controller/app"
+	"github.com/kube-attach/attach-detach-controller/pkg/server"
 )
 
 func main() {
-	os.Exit(cli.Run(app.NewCommand()))
+	os.Exit(cli.Run(app.NewCommand(server.NewOptions())))
 }

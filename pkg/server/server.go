@@ -39,6 +39,7 @@ import (
 	genericfilters "k8s.io/apiserver/pkg/server/filters"
 	apiserveroptions "k8s.io/apiserver/pkg/server/options"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2"
 	netutils "k8s.io/utils/net"
 )
 
@@ -59,9 +60,7 @@ type Options struct {
 }
 
 // NewOptions returns kube-controller-manager's defaults, with this
-// controller's certificate name. The port is 0 (not served): the command
-// sets DefaultPort, so that in-process runs (tests) bind nothing unless they
-// ask.
+// controller's port and certificate name.
 func NewOptions() *Options {
 	o := &Options{
 		SecureServing:  apiserveroptions.NewSecureServingOptions(),
@@ -71,7 +70,7 @@ func NewOptions() *Options {
 	// The certificate is generated in memory when none is given.
 	o.SecureServing.ServerCert.CertDirectory = ""
 	o.SecureServing.ServerCert.PairName = "attach-detach-controller"
-	o.SecureServing.BindPort = 0
+	o.SecureServing.BindPort = DefaultPort
 	// Outside a cluster (a test, a local run) the kubeconfig of the
 	// controller is used; see Config.
 	o.Authentication.RemoteKubeConfigFileOptional = true
@@ -99,6 +98,30 @@ func (o *Options) Validate() []error {
 // turns it off).
 func (o *Options) Enabled() bool {
 	return o.SecureServing.BindPort != 0 || o.SecureServing.Listener != nil
+}
+
+// Serve serves h behind the filter chain until ctx is cancelled, unless
+// --secure-port is 0; stop cancels it and waits until it has stopped.
+// kubeconfig is as for Config.
+func (o *Options) Serve(ctx context.Context, kubeconfig string, h http.Handler) (stop func(), err error) {
+	if !o.Enabled() {
+		return func() {}, nil
+	}
+	srv, err := o.Config(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	serveCtx, cancel := context.WithCancel(ctx)
+	stopped, err := srv.Serve(serveCtx, h)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	klog.FromContext(ctx).Info("Serving securely", "address", srv.Address())
+	return func() {
+		cancel()
+		<-stopped
+	}, nil
 }
 
 // Server is the configured secure endpoint.

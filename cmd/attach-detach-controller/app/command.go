@@ -14,19 +14,17 @@ import (
 	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
 	"os/signal"
 	"syscall"
-
-	"github.com/kube-attach/attach-detach-controller/pkg/server"
 )
 
 // Version is stamped at build time with -ldflags "-X ...app.Version=...".
 var Version = "dev"
 
-// NewCommand returns the root command.
-func NewCommand() *cobra.Command {
+// NewCommand returns the root command; it serves the secure endpoint of
+// serving (pkg/server.NewOptions: --secure-port and the flags beside it), as
+// kube-controller-manager does, when not nil.
+func NewCommand(serving SecureServing) *cobra.Command {
 	o := NewOptions()
-	// The process serves its secure port by default, as
-	// kube-controller-manager does; in-process runs (NewOptions) do not.
-	o.Serving.SecureServing.BindPort = server.DefaultPort
+	o.Serving = serving
 	gate := featuregate.NewFeatureGate()
 	if err := logsapi.AddFeatureGates(gate); err != nil {
 		panic(err) // only fails on a duplicate gate: a programming error

@@ -3,8 +3,10 @@
 package app
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 
@@ -15,7 +17,6 @@ import (
 	logsapi "k8s.io/component-base/logs/api/v1"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/migration"
-	"github.com/kube-attach/attach-detach-controller/pkg/server"
 )
 
 // DefaultLeaseName is the default --leader-elect-resource-name.
@@ -30,9 +31,9 @@ type Options struct {
 	Logs           *logsapi.LoggingConfiguration
 	LeaderElection componentbaseconfig.LeaderElectionConfiguration
 	HTTPEndpoint   string
-	// Serving is the secure endpoint: HTTPS, delegated authentication and
-	// authorization.
-	Serving *server.Options
+	// Serving is the secure endpoint (HTTPS, delegated authentication and
+	// authorization: pkg/server), given by the command; nil serves none.
+	Serving SecureServing
 
 	ReconcileSyncPeriod         time.Duration
 	DisableReconcileSync        bool
@@ -56,7 +57,21 @@ type Options struct {
 	ShowVersion bool
 }
 
-// NewOptions returns the defaults, as kube-controller-manager has them where
+// SecureServing is the secure endpoint's flags and server (pkg/server). The
+// command gives it (main.go), so that this package and its tests do not
+// build k8s.io/apiserver's serving stack.
+type SecureServing interface {
+	AddFlags(fs *pflag.FlagSet)
+	Validate() []error
+	// Serve serves h until ctx is cancelled, unless the flags turn the
+	// endpoint off; stop cancels it and waits until it has stopped.
+	// kubeconfig is --kubeconfig: where the reviews go unless the serving
+	// flags say otherwise.
+	Serve(ctx context.Context, kubeconfig string, h http.Handler) (stop func(), err error)
+}
+
+// NewOptions returns the defaults, without a secure endpoint (the command
+// adds one), as kube-controller-manager has them where
 // it has the same setting.
 func NewOptions() *Options {
 	return &Options{
@@ -72,7 +87,6 @@ func NewOptions() *Options {
 			ResourceName:      DefaultLeaseName,
 			ResourceNamespace: "kube-system",
 		},
-		Serving:                server.NewOptions(),
 		ReconcileSyncPeriod:    time.Minute,
 		MaxWaitForUnmount:      6 * time.Minute,
 		Workers:                10,
@@ -90,7 +104,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Burst, "kube-api-burst", o.Burst, "Burst of queries to the API server.")
 	logsapi.AddFlags(o.Logs, fs)
 	options.BindLeaderElectionFlags(&o.LeaderElection, fs)
-	o.Serving.AddFlags(fs)
+	if o.Serving != nil {
+		o.Serving.AddFlags(fs)
+	}
 	fs.StringVar(&o.HTTPEndpoint, "http-endpoint", o.HTTPEndpoint,
 		"Address (host:port) serving /metrics, /healthz, /livez and /readyz in plain HTTP without authentication, for local use (never /explain nor /shadow). Empty: not served.")
 	fs.DurationVar(&o.ReconcileSyncPeriod, "attach-detach-reconcile-sync-period", o.ReconcileSyncPeriod,
@@ -180,7 +196,9 @@ func (o *Options) Validate(gate featuregate.FeatureGate) error {
 			errs = append(errs, errors.New("--leader-elect-resource-name and --leader-elect-resource-namespace must not be empty"))
 		}
 	}
-	errs = append(errs, o.Serving.Validate()...)
+	if o.Serving != nil {
+		errs = append(errs, o.Serving.Validate()...)
+	}
 	if err := logsapi.Validate(o.Logs, gate, nil).ToAggregate(); err != nil {
 		errs = append(errs, err)
 	}

@@ -35,7 +35,6 @@ import (
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
 	"github.com/kube-attach/attach-detach-controller/pkg/migration"
 	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
-	"github.com/kube-attach/attach-detach-controller/pkg/server"
 	"github.com/kube-attach/attach-detach-controller/pkg/shadow"
 )
 
@@ -451,7 +450,7 @@ func newEndpoints(reg *prometheus.Registry, healthz *leaderelection.HealthzAdapt
 		// Scrapes share one gather per interval (it reads the caches under
 		// their locks), at most 4 are served at once, and one that takes
 		// longer than 20s is cut short rather than left to pile up.
-		metrics: promhttp.HandlerFor(server.NewCachedGatherer(reg, scrapeInterval),
+		metrics: promhttp.HandlerFor(metrics.NewCachedGatherer(reg, scrapeInterval),
 			promhttp.HandlerOpts{MaxRequestsInFlight: 4, Timeout: 20 * time.Second}),
 		healthz: func(w http.ResponseWriter, r *http.Request) {
 			if healthz != nil {
@@ -495,24 +494,10 @@ func (e *endpoints) mux(explain bool) *http.ServeMux {
 // serveSecure serves the endpoints over HTTPS behind delegated
 // authentication and authorization (pkg/server) until ctx is cancelled.
 func serveSecure(ctx context.Context, o *Options, e *endpoints) (func(), error) {
-	if !o.Serving.Enabled() {
+	if o.Serving == nil {
 		return func() {}, nil
 	}
-	srv, err := o.Serving.Config(o.Kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	serveCtx, cancel := context.WithCancel(ctx)
-	stopped, err := srv.Serve(serveCtx, e.mux(true))
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	klog.FromContext(ctx).Info("Serving securely", "address", srv.Address())
-	return func() {
-		cancel()
-		<-stopped
-	}, nil
+	return o.Serving.Serve(ctx, o.Kubeconfig, e.mux(true))
 }
 
 // serveHTTP serves /metrics, /healthz, /livez and /readyz in plain HTTP

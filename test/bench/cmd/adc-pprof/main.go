@@ -12,6 +12,7 @@ import (
 	"k8s.io/component-base/cli"
 
 	"github.com/kube-attach/attach-detach-controller/cmd/attach-detach-controller/app"
+	"github.com/kube-attach/attach-detach-controller/pkg/server"
 )
 
 func main() {
@@ -19,5 +20,5 @@ func main() {
 		srv := &http.Server{Addr: addr, ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = srv.ListenAndServe() }()
 	}
-	os.Exit(cli.Run(app.NewCommand()))
+	os.Exit(cli.Run(app.NewCommand(server.NewOptions())))
 }
