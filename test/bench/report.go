@@ -30,6 +30,9 @@ func WriteReport(out io.Writer, cfg Config, meta Meta, results []*Result) error 
 	}
 	fmt.Fprintf(&b, "%d nodes x %d pods = %d volumes (bound ReadWriteOnce CSI PVs), `--kube-api-qps=%g --kube-api-burst=%d` for %s, idle %s, %d churn rounds of %d pods.\n\n",
 		cfg.Nodes, cfg.PodsPerNode, cfg.Nodes*cfg.PodsPerNode, cfg.QPS, cfg.Burst, who, cfg.Idle, cfg.ChurnRounds, cfg.Nodes)
+	if cfg.LastPhase != "" {
+		fmt.Fprintf(&b, "Phases run: %s, the last one; the rest were not run (-last-phase).\n\n", cfg.LastPhase)
+	}
 	b.WriteString("Command: `" + meta.Command + "`\n\n")
 	b.WriteString("Machine: " + strings.Join(meta.Machine, "; ") + "\n\n")
 	b.WriteString("Versions: " + strings.Join(meta.Versions, "; ") + "\n\n")

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -42,7 +43,7 @@ const (
 )
 
 type flags struct {
-	size, controllers, binDir, oursBinary, results, workDir, goBench string
+	size, controllers, binDir, oursBinary, results, workDir, goBench, lastPhase string
 	nodes, podsPerNode, burst, rounds                                int
 	qps                                                              float64
 	idle, quiet, maxSettle, minTimeout, poll                         time.Duration
@@ -63,6 +64,7 @@ func main() {
 	flag.DurationVar(&f.quiet, "quiet", 10*time.Second, "after each phase and churn round, wait until the controller has made no API request for this long...")
 	flag.DurationVar(&f.maxSettle, "max-settle", 10*time.Minute, "...but at most this long")
 	flag.IntVar(&f.rounds, "churn-rounds", 3, "churn rounds")
+	flag.StringVar(&f.lastPhase, "last-phase", "", "stop after this phase ("+strings.Join(bench.Phases, ", ")+"); default: run them all")
 	flag.Float64Var(&f.timeoutFactor, "timeout-factor", 6, "a phase fails after this many times its API floor...")
 	flag.DurationVar(&f.minTimeout, "min-timeout", 5*time.Minute, "...or after this, whichever is longer")
 	flag.DurationVar(&f.poll, "poll", 0, "how often the harness compares the cluster with what it expects (default: 100ms, 500ms from 50,000 volumes on)")
@@ -83,6 +85,9 @@ func run(f flags) error {
 	size, ok := sizes[f.size]
 	if !ok {
 		return fmt.Errorf("-size must be small, large or huge, got %q", f.size)
+	}
+	if f.lastPhase != "" && !slices.Contains(bench.Phases, f.lastPhase) {
+		return fmt.Errorf("-last-phase must be one of %s, got %q", strings.Join(bench.Phases, ", "), f.lastPhase)
 	}
 	if f.nodes > 0 {
 		size[0] = f.nodes
@@ -141,7 +146,7 @@ func run(f flags) error {
 		QPS: float32(f.qps), Burst: f.burst, ChurnRounds: f.rounds,
 		Idle: f.idle, Quiet: f.quiet, MaxSettle: f.maxSettle,
 		TimeoutFactor: f.timeoutFactor, MinTimeout: f.minTimeout, Poll: f.poll,
-		Driver: "bench.csi.example.com", WorkDir: f.workDir,
+		Driver: "bench.csi.example.com", WorkDir: f.workDir, LastPhase: f.lastPhase,
 	}
 	meta := collectMeta(root, f.binDir, now)
 	if f.goBench != "" {
@@ -213,6 +218,9 @@ func reportName(f flags) string {
 	}
 	if f.controllers != defaultControllers {
 		name += "-" + strings.ReplaceAll(f.controllers, ",", "-")
+	}
+	if f.lastPhase != "" {
+		name += "-to-" + f.lastPhase
 	}
 	return name
 }
