@@ -70,9 +70,8 @@ type SecureServing interface {
 	Serve(ctx context.Context, kubeconfig string, h http.Handler) (stop func(), err error)
 }
 
-// NewOptions returns the defaults, without a secure endpoint (the command
-// adds one), as kube-controller-manager has them where
-// it has the same setting.
+// NewOptions returns the defaults, as kube-controller-manager has them where
+// it has the same setting, without a secure endpoint (NewCommand adds one).
 func NewOptions() *Options {
 	return &Options{
 		QPS:   20,
