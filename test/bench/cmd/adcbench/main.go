@@ -44,11 +44,11 @@ const (
 
 type flags struct {
 	size, controllers, binDir, oursBinary, results, workDir, goBench, lastPhase string
-	nodes, podsPerNode, burst, rounds                                int
-	qps                                                              float64
-	idle, quiet, maxSettle, minTimeout, poll                         time.Duration
-	timeoutFactor                                                    float64
-	keep                                                             bool
+	nodes, podsPerNode, burst, rounds                                           int
+	qps                                                                         float64
+	idle, quiet, maxSettle, minTimeout, poll                                    time.Duration
+	timeoutFactor                                                               float64
+	keep                                                                        bool
 }
 
 func main() {
