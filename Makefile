@@ -23,7 +23,10 @@ BIN_DIR     := _output/bin
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X github.com/kube-attach/attach-detach-controller/cmd/attach-detach-controller/app.Version=$(VERSION)
 GO_TEST     ?= go test
-TEST_FLAGS  ?= -count=1
+# go test's own vet (a subset of go vet's checks, once per build
+# configuration) is left to make verify, which runs go vet on every package
+# and its tests.
+TEST_FLAGS  ?= -count=1 -vet=off
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 # The stack `make demo` and `make test-e2e` run (test/e2e/stack).
