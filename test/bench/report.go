@@ -28,10 +28,14 @@ func WriteReport(out io.Writer, cfg Config, meta Meta, results []*Result) error 
 	if len(results) == 1 {
 		who = results[0].Controller.Title + " only"
 	}
-	fmt.Fprintf(&b, "%d nodes x %d pods = %d volumes (bound ReadWriteOnce CSI PVs), `--kube-api-qps=%g --kube-api-burst=%d` for %s, idle %s, %d churn rounds of %d pods.\n\n",
-		cfg.Nodes, cfg.PodsPerNode, cfg.Nodes*cfg.PodsPerNode, cfg.QPS, cfg.Burst, who, cfg.Idle, cfg.ChurnRounds, cfg.Nodes)
+	churn := fmt.Sprintf("%d churn rounds of %d pods", cfg.ChurnRounds, cfg.Nodes)
+	if cfg.LastPhase != "" && slices.Index(Phases, cfg.LastPhase) < slices.Index(Phases, PhaseChurn) {
+		churn = "no churn"
+	}
+	fmt.Fprintf(&b, "%d nodes x %d pods = %d volumes (bound ReadWriteOnce CSI PVs), `--kube-api-qps=%g --kube-api-burst=%d` for %s, idle %s, %s.\n\n",
+		cfg.Nodes, cfg.PodsPerNode, cfg.Nodes*cfg.PodsPerNode, cfg.QPS, cfg.Burst, who, cfg.Idle, churn)
 	if cfg.LastPhase != "" {
-		fmt.Fprintf(&b, "Phases run: %s, the last one; the rest were not run (-last-phase).\n\n", cfg.LastPhase)
+		fmt.Fprintf(&b, "Phases run: up to %s; the rest were not run (-last-phase).\n\n", cfg.LastPhase)
 	}
 	b.WriteString("Command: `" + meta.Command + "`\n\n")
 	b.WriteString("Machine: " + strings.Join(meta.Machine, "; ") + "\n\n")
