@@ -12,8 +12,7 @@ SHELL := /usr/bin/env bash
 # -trimpath): the packages go vet, staticcheck, the tests, the controller and
 # hack/tools share (client-go, apiserver, ...; hack/tools/go.mod holds them at
 # the same versions, hack/verify-shared-modules.sh checks it) compile once on
-# a cold cache. Only the race detector's
-# build (cgo) is one of its own.
+# a cold cache. Only the race detector's build (cgo) is one of its own.
 export CGO_ENABLED := 0
 # Test binaries and go run link without DWARF (-w): a fifth less link time,
 # stack traces and race reports unchanged; make build's own -ldflags keep it.

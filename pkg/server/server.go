@@ -72,7 +72,7 @@ func NewOptions() *Options {
 	o.SecureServing.ServerCert.PairName = "attach-detach-controller"
 	o.SecureServing.BindPort = DefaultPort
 	// Outside a cluster (a test, a local run) the kubeconfig of the
-	// controller is used; see Config.
+	// controller is used; see config.
 	o.Authentication.RemoteKubeConfigFileOptional = true
 	o.Authorization.RemoteKubeConfigFileOptional = true
 	return o
@@ -94,20 +94,20 @@ func (o *Options) Validate() []error {
 	return errs
 }
 
-// Enabled says whether the secure endpoint is served (--secure-port 0
+// enabled says whether the secure endpoint is served (--secure-port 0
 // turns it off).
-func (o *Options) Enabled() bool {
+func (o *Options) enabled() bool {
 	return o.SecureServing.BindPort != 0 || o.SecureServing.Listener != nil
 }
 
 // Serve serves h behind the filter chain until ctx is cancelled, unless
 // --secure-port is 0; stop cancels it and waits until it has stopped.
-// kubeconfig is as for Config.
+// kubeconfig is as for config.
 func (o *Options) Serve(ctx context.Context, kubeconfig string, h http.Handler) (stop func(), err error) {
-	if !o.Enabled() {
+	if !o.enabled() {
 		return func() {}, nil
 	}
-	srv, err := o.Config(kubeconfig)
+	srv, err := o.config(kubeconfig)
 	if err != nil {
 		return nil, err
 	}
@@ -124,8 +124,8 @@ func (o *Options) Serve(ctx context.Context, kubeconfig string, h http.Handler) 
 	}, nil
 }
 
-// Server is the configured secure endpoint.
-type Server struct {
+// secureServer is the configured secure endpoint.
+type secureServer struct {
 	serving           *genericserver.SecureServingInfo
 	authentication    genericserver.AuthenticationInfo
 	authorization     genericserver.AuthorizationInfo
@@ -135,12 +135,12 @@ type Server struct {
 	anonymousRejected bool
 }
 
-// Config resolves the options: the certificate (self-signed when none is
+// config resolves the options: the certificate (self-signed when none is
 // given), the listener, the TokenReview and SubjectAccessReview clients.
 // kubeconfig, when not empty, is used for the reviews unless
 // --authentication-kubeconfig / --authorization-kubeconfig say otherwise;
 // empty means the in-cluster configuration.
-func (o *Options) Config(kubeconfig string) (*Server, error) {
+func (o *Options) config(kubeconfig string) (*secureServer, error) {
 	if o.Authentication.RemoteKubeConfigFile == "" {
 		o.Authentication.RemoteKubeConfigFile = kubeconfig
 	}
@@ -150,7 +150,7 @@ func (o *Options) Config(kubeconfig string) (*Server, error) {
 	if err := o.SecureServing.MaybeDefaultWithSelfSignedCerts("localhost", nil, []net.IP{netutils.ParseIPSloppy("127.0.0.1")}); err != nil {
 		return nil, fmt.Errorf("self-signed serving certificate: %w", err)
 	}
-	s := &Server{
+	s := &secureServer{
 		alwaysAllowPaths:  slices.Clone(o.Authorization.AlwaysAllowPaths),
 		shutdownTimeout:   5 * time.Second,
 		requestTimeout:    RequestTimeout,
@@ -169,11 +169,11 @@ func (o *Options) Config(kubeconfig string) (*Server, error) {
 }
 
 // Address is where the server listens.
-func (s *Server) Address() string { return s.serving.Listener.Addr().String() }
+func (s *secureServer) Address() string { return s.serving.Listener.Addr().String() }
 
 // Handler wraps h in the filter chain: panic recovery, request info,
 // authentication, authorization, a request timeout.
-func (s *Server) Handler(h http.Handler) http.Handler {
+func (s *secureServer) Handler(h http.Handler) http.Handler {
 	resolver := &apirequest.RequestInfoFactory{}
 	handler := http.TimeoutHandler(h, s.requestTimeout, "request timed out")
 	handler = genericapifilters.WithAuthorization(handler, s.authorization.Authorizer, scheme.Codecs)
@@ -191,7 +191,7 @@ func (s *Server) Handler(h http.Handler) http.Handler {
 // Serve serves h behind the filter chain until ctx is cancelled; the
 // returned channel is closed once the server has stopped and its requests
 // are done.
-func (s *Server) Serve(ctx context.Context, h http.Handler) (<-chan struct{}, error) {
+func (s *secureServer) Serve(ctx context.Context, h http.Handler) (<-chan struct{}, error) {
 	stopped, _, err := s.serving.Serve(s.Handler(h), s.shutdownTimeout, ctx.Done())
 	if err != nil {
 		return nil, fmt.Errorf("serve on %s: %w", s.Address(), err)
