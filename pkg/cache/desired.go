@@ -18,10 +18,11 @@ type DesiredState struct {
 	// entries maps a volume's primary name on a node to its spec and pods.
 	entries map[Key]*desiredEntry
 	// names indexes every name a desired volume can have (its primary name
-	// and its aliases): name -> node -> primary name -> pods wanting it. It
-	// answers "is this attachment still wanted" for a volume attached under
-	// an alias, and finds the keys a change of that name concerns.
-	names map[volume.Name]map[string]map[volume.Name]int
+	// and its aliases) by where it is wanted: node and primary name, with
+	// the pod volumes behind each. It answers "is this attachment still
+	// wanted" for a volume attached under an alias, and finds the keys a
+	// change of that name concerns.
+	names map[volume.Name]nameUses
 	// byPlugin and pending count entries as they change, so that a metrics
 	// scrape reads two numbers instead of every entry.
 	byPlugin map[string]int
@@ -45,7 +46,100 @@ type PodVolume struct {
 
 type desiredEntry struct {
 	spec *volume.Spec
-	pods map[string]PodRef
+	// pods want the volume on the node: almost always one, a few when pods
+	// on one node share a claim; a slice costs a tenth of a map for one.
+	pods []PodRef
+}
+
+// podIndex returns the index in pods of the pod named by ref, or -1.
+func podIndex(pods []PodRef, ref PodRef) int {
+	return slices.IndexFunc(pods, func(p PodRef) bool { return p.Name == ref.Name && p.Namespace == ref.Namespace })
+}
+
+// nameUses is where one name is wanted: on which nodes, under which primary
+// names, by how many pod volumes. Almost every name is wanted on one node
+// under one primary name, held in one; a name wanted on several nodes (a
+// ReadOnlyMany or ReadWriteMany volume) or under several primary names
+// gets a map, node -> primary name -> pod volumes.
+type nameUses struct {
+	one  nameUse
+	many map[string]map[volume.Name]int
+}
+
+type nameUse struct {
+	node    string
+	primary volume.Name
+	pods    int
+}
+
+func (u *nameUses) add(node string, primary volume.Name) {
+	switch {
+	case u.many == nil && u.one.pods == 0:
+		u.one = nameUse{node: node, primary: primary, pods: 1}
+		return
+	case u.many == nil && u.one.node == node && u.one.primary == primary:
+		u.one.pods++
+		return
+	case u.many == nil:
+		u.many = map[string]map[volume.Name]int{u.one.node: {u.one.primary: u.one.pods}}
+		u.one = nameUse{}
+	}
+	if u.many[node] == nil {
+		u.many[node] = map[volume.Name]int{}
+	}
+	u.many[node][primary]++
+}
+
+// remove takes one pod volume away; it reports whether the name is still
+// wanted anywhere.
+func (u *nameUses) remove(node string, primary volume.Name) bool {
+	if u.many == nil {
+		if u.one.node == node && u.one.primary == primary {
+			u.one.pods--
+		}
+		return u.one.pods > 0
+	}
+	if u.many[node][primary]--; u.many[node][primary] <= 0 {
+		delete(u.many[node], primary)
+	}
+	if len(u.many[node]) == 0 {
+		delete(u.many, node)
+	}
+	if len(u.many) == 1 {
+		// Back to one use: the map goes.
+		for n, primaries := range u.many {
+			if len(primaries) == 1 {
+				for p, pods := range primaries {
+					u.one, u.many = nameUse{node: n, primary: p, pods: pods}, nil
+				}
+			}
+		}
+	}
+	return u.many != nil || u.one.pods > 0
+}
+
+func (u *nameUses) wantedOn(node string) bool {
+	if u.many == nil {
+		return u.one.pods > 0 && u.one.node == node
+	}
+	return len(u.many[node]) > 0
+}
+
+// keys returns the key of every use.
+func (u *nameUses) keys() []Key {
+	if u.many == nil {
+		if u.one.pods == 0 {
+			return nil
+		}
+		return []Key{{Volume: u.one.primary, Node: u.one.node}}
+	}
+	var keys []Key
+	for node, primaries := range u.many {
+		for p := range primaries {
+			keys = append(keys, Key{Volume: p, Node: node})
+		}
+	}
+	return keys
 }
 
 // NewDesiredState returns an empty DesiredState.
@@ -53,7 +147,7 @@ func NewDesiredState() *DesiredState {
 	return &DesiredState{
 		pods:     map[string]*podWants{},
 		entries:  map[Key]*desiredEntry{},
-		names:    map[volume.Name]map[string]map[volume.Name]int{},
+		names:    map[volume.Name]nameUses{},
 		byPlugin: map[string]int{},
 	}
 }
@@ -106,7 +200,7 @@ func (d *DesiredState) SetPodVolumes(pod PodRef, node string, vols []PodVolume) 
 			if old.node == node && containsSpec(specs, s) {
 				continue
 			}
-			d.removeLocked(podKey, old.node, s)
+			d.removeLocked(old.ref, old.node, s)
 			touch(s, old.node)
 		}
 	}
@@ -117,7 +211,9 @@ func (d *DesiredState) SetPodVolumes(pod PodRef, node string, vols []PodVolume) 
 			// name is another pod: events go to it).
 			e := d.entries[Key{Volume: s.Name, Node: node}]
 			d.setSpecLocked(e, s)
-			e.pods[podKey] = pod
+			if i := podIndex(e.pods, pod); i >= 0 {
+				e.pods[i] = pod
+			}
 			continue
 		}
 		d.addLocked(pod, node, s)
@@ -146,29 +242,29 @@ func (d *DesiredState) addLocked(pod PodRef, node string, s *volume.Spec) {
 	k := Key{Volume: s.Name, Node: node}
 	e := d.entries[k]
 	if e == nil {
-		e = &desiredEntry{pods: map[string]PodRef{}}
+		e = &desiredEntry{}
 		d.entries[k] = e
 		d.byPlugin[volume.MetricPluginName(k.Volume)]++
 	}
 	d.setSpecLocked(e, s)
-	e.pods[pod.String()] = pod
+	if i := podIndex(e.pods, pod); i >= 0 {
+		e.pods[i] = pod
+	} else {
+		e.pods = append(e.pods, pod)
+	}
 	for _, n := range s.AllNames() {
-		m := d.names[n]
-		if m == nil {
-			m = map[string]map[volume.Name]int{}
-			d.names[n] = m
-		}
-		if m[node] == nil {
-			m[node] = map[volume.Name]int{}
-		}
-		m[node][s.Name]++
+		u := d.names[n]
+		u.add(node, s.Name)
+		d.names[n] = u
 	}
 }
 
-func (d *DesiredState) removeLocked(podKey, node string, s *volume.Spec) {
+func (d *DesiredState) removeLocked(pod PodRef, node string, s *volume.Spec) {
 	k := Key{Volume: s.Name, Node: node}
 	if e := d.entries[k]; e != nil {
-		delete(e.pods, podKey)
+		if i := podIndex(e.pods, pod); i >= 0 {
+			e.pods = slices.Delete(e.pods, i, i+1)
+		}
 		if len(e.pods) == 0 {
 			delete(d.entries, k)
 			d.setSpecLocked(e, nil)
@@ -179,17 +275,13 @@ func (d *DesiredState) removeLocked(podKey, node string, s *volume.Spec) {
 		}
 	}
 	for _, n := range s.AllNames() {
-		m := d.names[n]
-		if m == nil {
+		u, ok := d.names[n]
+		if !ok {
 			continue
 		}
-		if m[node][s.Name]--; m[node][s.Name] <= 0 {
-			delete(m[node], s.Name)
-		}
-		if len(m[node]) == 0 {
-			delete(m, node)
-		}
-		if len(m) == 0 {
+		if u.remove(node, s.Name) {
+			d.names[n] = u
+		} else {
 			delete(d.names, n)
 		}
 	}
@@ -204,10 +296,7 @@ func (d *DesiredState) Get(k Key) (*volume.Spec, []PodRef, bool) {
 	if !ok {
 		return nil, nil, false
 	}
-	pods := make([]PodRef, 0, len(e.pods))
-	for _, p := range e.pods {
-		pods = append(pods, p)
-	}
+	pods := slices.Clone(e.pods)
 	slices.SortFunc(pods, func(a, b PodRef) int {
 		if a.Namespace != b.Namespace {
 			if a.Namespace < b.Namespace {
@@ -232,7 +321,8 @@ func (d *DesiredState) Get(k Key) (*volume.Spec, []PodRef, bool) {
 func (d *DesiredState) Wanted(k Key) bool {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	return len(d.names[k.Volume][k.Node]) > 0
+	u := d.names[k.Volume]
+	return u.wantedOn(k.Node)
 }
 
 // KeysFor returns the desired keys of the volume that name names, as its
@@ -240,13 +330,8 @@ func (d *DesiredState) Wanted(k Key) bool {
 func (d *DesiredState) KeysFor(name volume.Name) []Key {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	var keys []Key
-	for node, primaries := range d.names[name] {
-		for p := range primaries {
-			keys = append(keys, Key{Volume: p, Node: node})
-		}
-	}
-	return keys
+	u := d.names[name]
+	return u.keys()
 }
 
 // Keys returns every desired key.

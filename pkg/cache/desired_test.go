@@ -313,6 +313,26 @@ func TestDesiredStateAliases(t *testing.T) {
 			},
 			wantGet: map[Key]bool{k(ebsInTree, "n1"): true, k(ebsCSI, "n2"): true, k(ebsCSI, "n1"): false},
 		},
+		{
+			name: "wanted on three nodes, then on one again",
+			set: func(d *DesiredState) {
+				podC := PodRef{Namespace: "ns", Name: "pod-c"}
+				d.SetPod(podA, "n1", []*volume.Spec{inTreeWithAlias("")})
+				d.SetPod(podB, "n2", []*volume.Spec{{Name: ebsCSI, Aliases: []volume.Name{ebsInTree}, Kind: volume.KindCSI}})
+				d.SetPod(podC, "n3", []*volume.Spec{inTreeWithAlias("")})
+				d.DeletePod(podC.String())
+				d.DeletePod(podB.String())
+				// A second pod volume on n1 after the name is down to one use.
+				d.SetPod(podB, "n1", []*volume.Spec{inTreeWithAlias("")})
+				d.DeletePod(podA.String())
+			},
+			wantWanted: map[Key]bool{
+				k(ebsInTree, "n1"): true, k(ebsCSI, "n1"): true,
+				k(ebsCSI, "n2"): false, k(ebsInTree, "n2"): false, k(ebsInTree, "n3"): false,
+			},
+			wantKeys: map[volume.Name][]Key{ebsCSI: {k(ebsInTree, "n1")}, ebsInTree: {k(ebsInTree, "n1")}},
+			wantGet:  map[Key]bool{k(ebsInTree, "n1"): true, k(ebsCSI, "n2"): false, k(ebsInTree, "n3"): false},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -168,16 +168,22 @@ type Controller struct {
 	informers *Informers
 	clock     clock.PassiveClock
 
-	pods            corelisters.PodLister
-	podIndex        toolscache.Indexer
-	pvcs            corelisters.PersistentVolumeClaimLister
-	pvs             corelisters.PersistentVolumeLister
-	nodes           corelisters.NodeLister
-	csiDrivers      storagelisters.CSIDriverLister
-	attachments     storagelisters.VolumeAttachmentLister
-	attachmentIndex toolscache.Indexer
-	pvIndex         toolscache.Indexer
-	synced          []toolscache.InformerSynced
+	pods        corelisters.PodLister
+	podIndex    toolscache.Indexer
+	pvcs        corelisters.PersistentVolumeClaimLister
+	pvs         corelisters.PersistentVolumeLister
+	nodes       corelisters.NodeLister
+	csiDrivers  storagelisters.CSIDriverLister
+	attachments storagelisters.VolumeAttachmentLister
+	// claimPods, claimPVs and pvAttachments index pods and PVs by the claims
+	// they name ("namespace/name") and VolumeAttachments by their PV: kept
+	// by the informer handlers (refIndex).
+	claimPods     *refIndex
+	claimPVs      *refIndex
+	pvAttachments *refIndex
+	// synced are the informers' and their handlers' (the indexes above are
+	// complete once the handlers have seen the initial list).
+	synced []toolscache.InformerSynced
 
 	desired    *cache.DesiredState
 	actual     *cache.ActualState
@@ -239,29 +245,25 @@ func New(cfg Config) (*Controller, error) {
 		actual:    cache.NewActualState(),
 		problems:  map[string]map[string]string{},
 		goneNodes: map[string]*v1.Node{},
+
+		claimPods:     newRefIndex(),
+		claimPVs:      newRefIndex(),
+		pvAttachments: newRefIndex(),
 	}
 	if c.informers == nil {
 		c.informers = NewInformers(cfg.Client, cfg.Dynamic, false, cfg.Observer)
 	}
 	inf := c.informers
-	if err := inf.Pods.AddIndexers(toolscache.Indexers{indexByNode: podNodeIndex, indexByClaim: podClaimIndex}); err != nil {
-		return nil, fmt.Errorf("add pod indexers: %w", err)
+	if err := inf.Pods.AddIndexers(toolscache.Indexers{indexByNode: podNodeIndex}); err != nil {
+		return nil, fmt.Errorf("add pod indexer: %w", err)
 	}
-	if err := inf.VolumeAttachments.AddIndexers(toolscache.Indexers{indexByPV: attachmentPVIndex}); err != nil {
-		return nil, fmt.Errorf("add VolumeAttachment indexer: %w", err)
-	}
-	if err := inf.PVs.AddIndexers(toolscache.Indexers{indexByClaimRef: pvClaimRefIndex}); err != nil {
-		return nil, fmt.Errorf("add PersistentVolume indexer: %w", err)
-	}
-	c.pvIndex = inf.PVs.GetIndexer()
 	c.podIndex = inf.Pods.GetIndexer()
 	c.pods = corelisters.NewPodLister(c.podIndex)
 	c.pvcs = corelisters.NewPersistentVolumeClaimLister(inf.PVCs.GetIndexer())
-	c.pvs = corelisters.NewPersistentVolumeLister(c.pvIndex)
+	c.pvs = corelisters.NewPersistentVolumeLister(inf.PVs.GetIndexer())
 	c.nodes = corelisters.NewNodeLister(inf.Nodes.GetIndexer())
 	c.csiDrivers = storagelisters.NewCSIDriverLister(inf.CSIDrivers.GetIndexer())
-	c.attachmentIndex = inf.VolumeAttachments.GetIndexer()
-	c.attachments = storagelisters.NewVolumeAttachmentLister(c.attachmentIndex)
+	c.attachments = storagelisters.NewVolumeAttachmentLister(inf.VolumeAttachments.GetIndexer())
 
 	var csiNodeInfos toolscache.GenericLister
 	if inf.CSINodeInfos != nil {

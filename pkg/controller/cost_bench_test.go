@@ -67,8 +67,16 @@ func newSyncInformer() *syncInformer {
 
 func (i *syncInformer) AddEventHandler(h toolscache.ResourceEventHandler) (toolscache.ResourceEventHandlerRegistration, error) {
 	i.handlers = append(i.handlers, h)
-	return nil, nil
+	return delivered{}, nil
 }
+
+// delivered is the registration of a handler the benchmark calls directly: every
+// event has reached it by the time it is asked.
+type delivered struct {
+	toolscache.ResourceEventHandlerRegistration // only HasSynced is used
+}
+
+func (delivered) HasSynced() bool                                { return true }
 func (i *syncInformer) AddIndexers(ix toolscache.Indexers) error { return i.indexer.AddIndexers(ix) }
 func (i *syncInformer) GetIndexer() toolscache.Indexer           { return i.indexer }
 func (i *syncInformer) GetStore() toolscache.Store               { return i.indexer }

@@ -137,6 +137,25 @@ func (f *fixture) load(objs ...runtime.Object) {
 			f.t.Fatal(err)
 		}
 	}
+	// The indexes the handlers keep, as the handlers would leave them.
+	for _, r := range []struct {
+		informer toolscache.SharedIndexInformer
+		index    *refIndex
+		refs     func(any) []string
+	}{
+		{inf.Pods, f.c.claimPods, podClaims},
+		{inf.PVs, f.c.claimPVs, pvClaim},
+		{inf.VolumeAttachments, f.c.pvAttachments, attachmentPV},
+	} {
+		r.index.one, r.index.many = map[string]string{}, map[string][]string{}
+		for _, obj := range byInformer[r.informer] {
+			k, err := toolscache.MetaNamespaceKeyFunc(obj)
+			if err != nil {
+				f.t.Fatal(err)
+			}
+			r.index.update(k, nil, r.refs(obj))
+		}
+	}
 }
 
 // reset forgets what was queued, posted and called so far.

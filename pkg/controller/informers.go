@@ -12,13 +12,9 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 )
 
-const (
-	indexByNode  = "byNode"
-	indexByClaim = "byClaim"
-	indexByPV    = "byPV"
-	// indexByClaimRef indexes PVs by the claim they are bound to.
-	indexByClaimRef = "byClaimRef"
-)
+// indexByNode indexes pods by their node. (Claims and PVs are indexed by a
+// refIndex: see Controller.claimPods.)
+const indexByNode = "byNode"
 
 // Trim keeps in the informer caches only what the controller reads: of pods,
 // nodes, PVs and claims, most is of no use here. Informers passed in Config.Informers must apply it.
@@ -197,12 +193,12 @@ func podNodeIndex(obj any) ([]string, error) {
 	return []string{p.Spec.NodeName}, nil
 }
 
-// podClaimIndex indexes pods by the "namespace/name" of every claim they use,
-// generic ephemeral ones included.
-func podClaimIndex(obj any) ([]string, error) {
-	p, ok := obj.(*v1.Pod)
+// podClaims returns the "namespace/name" of every claim a pod uses, generic
+// ephemeral ones included.
+func podClaims(obj any) []string {
+	p, ok := unwrap(obj).(*v1.Pod)
 	if !ok {
-		return nil, nil
+		return nil
 	}
 	var claims []string
 	for _, vol := range p.Spec.Volumes {
@@ -210,7 +206,41 @@ func podClaimIndex(obj any) ([]string, error) {
 			claims = append(claims, p.Namespace+"/"+name)
 		}
 	}
-	return claims, nil
+	return claims
+}
+
+// unwrap returns the last known object of a delete whose final state is
+// unknown, any other object as it is.
+func unwrap(obj any) any {
+	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		return d.Obj
+	}
+	return obj
+}
+
+// indexed returns a handler that records in x what each object refers to
+// (refs of the old and the new object) and then calls then: a lookup by
+// whatever then queues finds the object.
+func indexed(x *refIndex, refs func(obj any) []string, then toolscache.ResourceEventHandlerFuncs) toolscache.ResourceEventHandlerFuncs {
+	record := func(obj any, was, is []string) {
+		if k, err := toolscache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+			x.update(k, was, is)
+		}
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			record(obj, nil, refs(obj))
+			then.OnAdd(obj, false)
+		},
+		UpdateFunc: func(old, obj any) {
+			record(obj, refs(old), refs(obj))
+			then.OnUpdate(old, obj)
+		},
+		DeleteFunc: func(obj any) {
+			record(obj, refs(obj), nil)
+			then.OnDelete(obj)
+		},
+	}
 }
 
 // claimName is the PVC a pod volume uses, or "".
@@ -241,7 +271,7 @@ func (c *Controller) addHandlers() error {
 		informer toolscache.SharedIndexInformer
 		handler  toolscache.ResourceEventHandler
 	}{
-		{inf.Pods, toolscache.ResourceEventHandlerFuncs{
+		{inf.Pods, indexed(c.claimPods, podClaims, toolscache.ResourceEventHandlerFuncs{
 			AddFunc: func(obj any) {
 				if k, ok := key(obj); ok {
 					c.podQueue.Add(k)
@@ -264,30 +294,32 @@ func (c *Controller) addHandlers() error {
 					c.podQueue.Add(k)
 				}
 			},
-		}},
+		})},
 		{inf.Nodes, toolscache.ResourceEventHandlerFuncs{
 			AddFunc:    c.nodeAdded,
 			UpdateFunc: c.nodeChanged,
 			DeleteFunc: c.nodeDeleted,
 		}},
-		{inf.VolumeAttachments, enqueue(c.attachmentQueue)},
+		{inf.VolumeAttachments, indexed(c.pvAttachments, attachmentPV, enqueue(c.attachmentQueue))},
 		{inf.PVCs, objectHandler(func(obj any) {
 			if k, ok := key(obj); ok {
-				c.enqueuePods(indexByClaim, k)
+				c.enqueueClaimPods(k)
 			}
 		})},
-		{inf.PVs, objectHandler(c.pvChanged)},
+		{inf.PVs, indexed(c.claimPVs, pvClaim, objectHandler(c.pvChanged))},
 		{inf.CSIDrivers, objectHandler(func(any) { c.enqueueAllPods() })},
 		{inf.CSINodes, objectHandler(func(obj any) {
 			if k, ok := key(obj); ok {
-				c.enqueuePods(indexByNode, k)
+				c.enqueueNodePods(k)
 			}
 		})},
 	}
 	for _, h := range handlers {
-		if _, err := h.informer.AddEventHandler(h.handler); err != nil {
+		reg, err := h.informer.AddEventHandler(h.handler)
+		if err != nil {
 			return fmt.Errorf("add event handler: %w", err)
 		}
+		c.synced = append(c.synced, reg.HasSynced)
 	}
 	if o := c.cfg.Observer; o != nil {
 		forget := toolscache.ResourceEventHandlerFuncs{DeleteFunc: o.Forget}
@@ -319,7 +351,7 @@ func (c *Controller) nodeChanged(oldObj, obj any) {
 		}
 		if ok && managed(o) != managed(n) {
 			// Its pods need attaching (or no longer) only now.
-			c.enqueuePods(indexByNode, n.Name)
+			c.enqueueNodePods(n.Name)
 		}
 	}
 	if k, err := toolscache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
@@ -334,7 +366,7 @@ func (c *Controller) nodeChanged(oldObj, obj any) {
 func (c *Controller) nodeAdded(obj any) {
 	c.nodeChanged(nil, obj)
 	if n, ok := obj.(*v1.Node); ok {
-		c.enqueuePods(indexByNode, n.Name)
+		c.enqueueNodePods(n.Name)
 	}
 }
 
@@ -377,41 +409,29 @@ func (c *Controller) pvChanged(obj any) {
 	if !ok || pv.Spec.ClaimRef == nil {
 		return
 	}
-	c.enqueuePods(indexByClaim, pv.Spec.ClaimRef.Namespace+"/"+pv.Spec.ClaimRef.Name)
+	c.enqueueClaimPods(pv.Spec.ClaimRef.Namespace + "/" + pv.Spec.ClaimRef.Name)
 	// A VolumeAttachment of this PV can be identified again.
-	for _, va := range c.attachmentsOfPV(pv.Name) {
+	for _, va := range c.pvAttachments.get(pv.Name) {
 		c.attachmentQueue.Add(va)
 	}
 }
 
-func (c *Controller) attachmentsOfPV(pv string) []string {
-	objs, err := c.attachmentIndex.ByIndex(indexByPV, pv)
-	if err != nil {
+// pvClaim returns the "namespace/name" of the claim a PV is bound to.
+func pvClaim(obj any) []string {
+	pv, ok := unwrap(obj).(*v1.PersistentVolume)
+	if !ok || pv.Spec.ClaimRef == nil {
 		return nil
 	}
-	names := make([]string, 0, len(objs))
-	for _, obj := range objs {
-		if va, ok := obj.(*storagev1.VolumeAttachment); ok {
-			names = append(names, va.Name)
-		}
-	}
-	return names
+	return []string{pv.Spec.ClaimRef.Namespace + "/" + pv.Spec.ClaimRef.Name}
 }
 
-func pvClaimRefIndex(obj any) ([]string, error) {
-	pv, ok := obj.(*v1.PersistentVolume)
-	if !ok || pv.Spec.ClaimRef == nil {
-		return nil, nil
-	}
-	return []string{pv.Spec.ClaimRef.Namespace + "/" + pv.Spec.ClaimRef.Name}, nil
-}
-
-func attachmentPVIndex(obj any) ([]string, error) {
-	va, ok := obj.(*storagev1.VolumeAttachment)
+// attachmentPV returns the PV a VolumeAttachment attaches.
+func attachmentPV(obj any) []string {
+	va, ok := unwrap(obj).(*storagev1.VolumeAttachment)
 	if !ok || va.Spec.Source.PersistentVolumeName == nil {
-		return nil, nil
+		return nil
 	}
-	return []string{*va.Spec.Source.PersistentVolumeName}, nil
+	return []string{*va.Spec.Source.PersistentVolumeName}
 }
 
 func (c *Controller) nodeInfoHandler() toolscache.ResourceEventHandler {
@@ -420,14 +440,21 @@ func (c *Controller) nodeInfoHandler() toolscache.ResourceEventHandler {
 			obj = d.Obj
 		}
 		if u, ok := obj.(*unstructured.Unstructured); ok {
-			c.enqueuePods(indexByNode, u.GetName())
+			c.enqueueNodePods(u.GetName())
 		}
 	})
 }
 
-// enqueuePods queues the pods an index value names.
-func (c *Controller) enqueuePods(index, value string) {
-	objs, err := c.podIndex.ByIndex(index, value)
+// enqueueClaimPods queues the pods that use a claim ("namespace/name").
+func (c *Controller) enqueueClaimPods(claim string) {
+	for _, k := range c.claimPods.get(claim) {
+		c.podQueue.Add(k)
+	}
+}
+
+// enqueueNodePods queues the pods on a node.
+func (c *Controller) enqueueNodePods(node string) {
+	objs, err := c.podIndex.ByIndex(indexByNode, node)
 	if err != nil {
 		return
 	}

@@ -35,7 +35,7 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 			return nil
 		}
 		c.touch(c.actual.DeleteNode(name)...)
-		c.enqueuePods(indexByNode, name)
+		c.enqueueNodePods(name)
 		return nil
 	}
 	if err != nil {
@@ -50,7 +50,7 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	if !known || !old.Exists || old.Managed != info.Managed || last != nil {
 		// Its pods were synced while the node was unknown, gone (a delete
 		// and a create may reach this sync as one) or unmanaged.
-		c.enqueuePods(indexByNode, name)
+		c.enqueueNodePods(name)
 	}
 	if !sameAttached(node.Status.VolumesAttached, c.actual.Reported(name)) {
 		c.statusDiffers(ctx, name, node.Status.VolumesAttached)

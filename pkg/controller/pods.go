@@ -154,13 +154,10 @@ func (c *Controller) formerVolume(ctx context.Context, pod *v1.Pod, vol *v1.Volu
 	if claim == "" {
 		return nil
 	}
-	objs, err := c.pvIndex.ByIndex(indexByClaimRef, pod.Namespace+"/"+claim)
-	if err != nil {
-		return nil
-	}
-	for _, obj := range objs {
-		pv, ok := obj.(*v1.PersistentVolume)
-		if !ok {
+	for _, name := range c.claimPVs.get(pod.Namespace + "/" + claim) {
+		// The index is the handler's: the lister may hold a newer PV.
+		pv, err := c.pvs.Get(name)
+		if err != nil || pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.Namespace != pod.Namespace || pv.Spec.ClaimRef.Name != claim {
 			continue
 		}
 		spec, err := volume.Resolve(klog.FromContext(ctx), volume.Source{PV: pv, PodNamespace: pod.Namespace}, pod.Spec.NodeName, c.nodeView.Decide)

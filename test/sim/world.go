@@ -318,8 +318,16 @@ func newInformer(transform func(any) (any, error)) *informer {
 
 func (i *informer) AddEventHandler(h toolscache.ResourceEventHandler) (toolscache.ResourceEventHandlerRegistration, error) {
 	i.handlers = append(i.handlers, h)
-	return nil, nil
+	return delivered{}, nil
 }
+
+// delivered is the registration of a handler the simulation calls directly: every
+// event has reached it by the time it is asked.
+type delivered struct {
+	toolscache.ResourceEventHandlerRegistration // only HasSynced is used
+}
+
+func (delivered) HasSynced() bool { return true }
 
 func (i *informer) AddIndexers(ix toolscache.Indexers) error { return i.indexer.AddIndexers(ix) }
 func (i *informer) GetIndexer() toolscache.Indexer           { return i.indexer }
