@@ -16,8 +16,8 @@
 # compiles and links of different tools run side by side.
 #
 # Builds are serialised with a lock (_output/bin/.build-tools.lock): a second
-# run (.ci/run builds the tools in the background while make verify runs) waits
-# for the first and then finds its tools up to date. Tools already up to date
+# run (make test -j starts it from several targets) waits for the first and
+# then finds its tools up to date. Tools already up to date
 # are not waited for.
 set -euo pipefail
 

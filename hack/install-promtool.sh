@@ -19,8 +19,8 @@ mkdir -p "$(dirname "${out}")"
 if [[ -x "${out}" ]]; then
   exit 0
 fi
-# One install at a time (.ci/run runs make tools in the background while make
-# test may run it too); the second finds the first one's promtool.
+# One install at a time (two make runs may start it together); the second
+# finds the first one's promtool.
 exec 9>"$(dirname "${out}")/.install-promtool.lock"
 flock 9
 if [[ -x "${out}" ]]; then
