@@ -138,15 +138,7 @@ func (f *fixture) load(objs ...runtime.Object) {
 		}
 	}
 	// The indexes the handlers keep, as the handlers would leave them.
-	for _, r := range []struct {
-		informer toolscache.SharedIndexInformer
-		index    *refIndex
-		refs     func(any) []string
-	}{
-		{inf.Pods, f.c.claimPods, podClaims},
-		{inf.PVs, f.c.claimPVs, pvClaim},
-		{inf.VolumeAttachments, f.c.pvAttachments, attachmentPV},
-	} {
+	for _, r := range f.c.refIndexes() {
 		r.index.one, r.index.many = map[string]string{}, map[string][]string{}
 		for _, obj := range byInformer[r.informer] {
 			k, err := toolscache.MetaNamespaceKeyFunc(obj)

@@ -218,10 +218,28 @@ func unwrap(obj any) any {
 	return obj
 }
 
+// refIndexed is a ref index with the informer whose handler keeps it and
+// what an object of that informer refers to.
+type refIndexed struct {
+	informer toolscache.SharedIndexInformer
+	index    *refIndex
+	refs     func(obj any) []string
+}
+
+// refIndexes lists the controller's ref indexes (see Controller.claimPods).
+func (c *Controller) refIndexes() []refIndexed {
+	inf := c.informers
+	return []refIndexed{
+		{inf.Pods, c.claimPods, podClaims},
+		{inf.PVs, c.claimPVs, pvClaim},
+		{inf.VolumeAttachments, c.pvAttachments, attachmentPV},
+	}
+}
+
 // indexed returns a handler that records in x what each object refers to
 // (refs of the old and the new object) and then calls then: a lookup by
 // whatever then queues finds the object.
-func indexed(x *refIndex, refs func(obj any) []string, then toolscache.ResourceEventHandlerFuncs) toolscache.ResourceEventHandlerFuncs {
+func indexed(x *refIndex, refs func(obj any) []string, then toolscache.ResourceEventHandler) toolscache.ResourceEventHandlerFuncs {
 	record := func(obj any, was, is []string) {
 		if k, err := toolscache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 			x.update(k, was, is)
@@ -271,7 +289,7 @@ func (c *Controller) addHandlers() error {
 		informer toolscache.SharedIndexInformer
 		handler  toolscache.ResourceEventHandler
 	}{
-		{inf.Pods, indexed(c.claimPods, podClaims, toolscache.ResourceEventHandlerFuncs{
+		{inf.Pods, toolscache.ResourceEventHandlerFuncs{
 			AddFunc: func(obj any) {
 				if k, ok := key(obj); ok {
 					c.podQueue.Add(k)
@@ -294,19 +312,19 @@ func (c *Controller) addHandlers() error {
 					c.podQueue.Add(k)
 				}
 			},
-		})},
+		}},
 		{inf.Nodes, toolscache.ResourceEventHandlerFuncs{
 			AddFunc:    c.nodeAdded,
 			UpdateFunc: c.nodeChanged,
 			DeleteFunc: c.nodeDeleted,
 		}},
-		{inf.VolumeAttachments, indexed(c.pvAttachments, attachmentPV, enqueue(c.attachmentQueue))},
+		{inf.VolumeAttachments, enqueue(c.attachmentQueue)},
 		{inf.PVCs, objectHandler(func(obj any) {
 			if k, ok := key(obj); ok {
 				c.enqueueClaimPods(k)
 			}
 		})},
-		{inf.PVs, indexed(c.claimPVs, pvClaim, objectHandler(c.pvChanged))},
+		{inf.PVs, objectHandler(c.pvChanged)},
 		{inf.CSIDrivers, objectHandler(func(any) { c.enqueueAllPods() })},
 		{inf.CSINodes, objectHandler(func(obj any) {
 			if k, ok := key(obj); ok {
@@ -315,7 +333,13 @@ func (c *Controller) addHandlers() error {
 		})},
 	}
 	for _, h := range handlers {
-		reg, err := h.informer.AddEventHandler(h.handler)
+		handler := h.handler
+		for _, r := range c.refIndexes() {
+			if r.informer == h.informer {
+				handler = indexed(r.index, r.refs, handler)
+			}
+		}
+		reg, err := h.informer.AddEventHandler(handler)
 		if err != nil {
 			return fmt.Errorf("add event handler: %w", err)
 		}
@@ -374,9 +398,7 @@ func (c *Controller) nodeAdded(obj any) {
 // delete may not have been synced, and what the node had mounted last
 // decides whether its volumes may be detached before the max wait.
 func (c *Controller) nodeDeleted(obj any) {
-	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-		obj = d.Obj
-	}
+	obj = unwrap(obj)
 	if n, ok := obj.(*v1.Node); ok {
 		c.mu.Lock()
 		c.goneNodes[n.Name] = n
@@ -400,12 +422,7 @@ func samePodFacts(a, b *v1.Pod) bool {
 }
 
 func (c *Controller) pvChanged(obj any) {
-	pv, ok := obj.(*v1.PersistentVolume)
-	if !ok {
-		if d, isTomb := obj.(toolscache.DeletedFinalStateUnknown); isTomb {
-			pv, ok = d.Obj.(*v1.PersistentVolume)
-		}
-	}
+	pv, ok := unwrap(obj).(*v1.PersistentVolume)
 	if !ok || pv.Spec.ClaimRef == nil {
 		return
 	}
@@ -436,10 +453,7 @@ func attachmentPV(obj any) []string {
 
 func (c *Controller) nodeInfoHandler() toolscache.ResourceEventHandler {
 	return objectHandler(func(obj any) {
-		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-			obj = d.Obj
-		}
-		if u, ok := obj.(*unstructured.Unstructured); ok {
+		if u, ok := unwrap(obj).(*unstructured.Unstructured); ok {
 			c.enqueueNodePods(u.GetName())
 		}
 	})
