@@ -106,16 +106,42 @@ const (
 )
 
 // RecoverHeld is Recover with the volume keys it queues held back: they
-// are returned, in the order Recover queued them, for the caller to queue
-// (Run: feedRecovered). Only before the workers start: nothing else adds to
-// the volume queue then.
+// are returned for the caller to queue (Run: feedRecovered), the keys with
+// something to do first (settledLast), each part in the order Recover queued
+// them. Only before the workers start: nothing else adds to the volume queue
+// then.
 func (c *Controller) RecoverHeld(ctx context.Context) ([]cache.Key, error) {
 	queue := c.volumeQueue
 	held := &heldKeys{TypedRateLimitingInterface: queue, seen: sets.New[cache.Key]()}
 	c.volumeQueue = held
 	defer func() { c.volumeQueue = queue }()
-	err := c.Recover(ctx)
-	return held.keys, err
+	if err := c.Recover(ctx); err != nil {
+		return held.keys, err
+	}
+	return c.settledLast(held.keys), nil
+}
+
+// settledLast orders keys for the feed after a restart: first those whose
+// look may lead to a write (a volume a pod created while the controller was
+// down wants attached, one nobody wants, an attach left uncertain), then
+// those already as they should be: wanted, attached, in node status. The
+// settled are almost every key of a big cluster, and a new pod's volume
+// would otherwise wait behind all of them (its key comes from the pods,
+// after every VolumeAttachment's). The order is only the feed's: every key
+// still gets its look, and each look reads the state as it is then.
+func (c *Controller) settledLast(keys []cache.Key) []cache.Key {
+	settled := make([]cache.Key, 0, len(keys))
+	n := 0
+	for _, k := range keys {
+		if a, ok := c.actual.Get(k); ok && a.State == cache.Attached && a.Reported && a.DetachWanted.IsZero() && c.desired.Wanted(k) {
+			settled = append(settled, k)
+			continue
+		}
+		keys[n] = k
+		n++
+	}
+	copy(keys[n:], settled)
+	return keys
 }
 
 // heldKeys is a volume queue whose Add only records the key.

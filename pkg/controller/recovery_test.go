@@ -147,6 +147,47 @@ func TestRecoverReadsPodsInOrder(t *testing.T) {
 	}
 }
 
+// After a restart the keys with something to do are fed first: a volume a
+// pod created while the controller was down wants, and an orphan; the
+// settled ones (wanted, attached, in node status) after them, every one
+// still fed.
+func TestRecoverHeldFeedsSettledLast(t *testing.T) {
+	var objs []runtime.Object
+	var listed []string
+	settled := map[cache.Key]bool{}
+	for i := range 6 {
+		h, c := fmt.Sprintf("h%d", i), fmt.Sprintf("claim-%d", i)
+		objs = append(objs, csiPV(c, h), claim(c), va(c, h, "node-1"), pod("pod-"+c, "node-1", c))
+		listed = append(listed, csiName(h))
+		settled[cache.Key{Volume: volume.Name(csiName(h)), Node: "node-1"}] = true
+	}
+	objs = append(objs,
+		node("node-1", listsAttached(listed...), inUse(listed...)),
+		// An orphan (its VolumeAttachment sorts after the settled ones')...
+		csiPV("claim-orphan", "x-orphan"), va("claim-orphan", "x-orphan", "node-1"),
+		// ...and a pod created while the controller was down.
+		csiPV("claim-new", "x-new"), claim("claim-new"), pod("pod-new", "node-1", "claim-new"),
+	)
+	f := newFixture(t, objs...)
+	held, err := f.c.RecoverHeld(f.ctx)
+	if err != nil {
+		t.Fatalf("RecoverHeld: %v", err)
+	}
+	first := []cache.Key{
+		{Volume: volume.Name(csiName("x-orphan")), Node: "node-1"},
+		{Volume: volume.Name(csiName("x-new")), Node: "node-1"},
+	}
+	if len(held) != len(first)+len(settled) || fmt.Sprint(held[:len(first)]) != fmt.Sprint(first) {
+		t.Fatalf("keys held back: %v, want %v first, then the %d settled", held, first, len(settled))
+	}
+	for _, k := range held[len(first):] {
+		if !settled[k] {
+			t.Errorf("key %v among the settled, want only %v", k, settled)
+		}
+		delete(settled, k)
+	}
+}
+
 // A key an event queues after a restart waits behind at most depth of the
 // keys recovery found, however many there are; and every one of those is
 // queued in the end.
