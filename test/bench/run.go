@@ -484,7 +484,7 @@ func cleanup(ctx context.Context, env *Env, w *Workload) {
 	if ctx.Err() != nil {
 		return // interrupted: the cluster goes away with everything in it
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Minute)
 	defer cancel()
 	if err := w.Cleanup(ctx, env.Client); err != nil {
 		logger.Error(err, "Cleanup")

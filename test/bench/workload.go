@@ -2,15 +2,18 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
 
 	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
@@ -260,23 +263,77 @@ func (w *Workload) DeleteCanary(ctx context.Context, client kubernetes.Interface
 }
 
 // Cleanup deletes every object of the run except the (empty) namespace: no
-// namespace controller runs to finish a namespace deletion.
+// namespace controller runs to finish a namespace deletion. Pods first, then
+// claims and PVs side by side, then nodes. A delete-collection of 100,000
+// objects outlasts the apiserver's request timeout (the server stops where
+// it got to), so each is repeated until none is left.
 func (w *Workload) Cleanup(ctx context.Context, client kubernetes.Interface) error {
 	zero := metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}
-	if err := client.CoreV1().Pods(w.Namespace).DeleteCollection(ctx, zero, metav1.ListOptions{}); err != nil {
-		return fmt.Errorf("delete pods: %w", err)
-	}
-	if err := client.CoreV1().PersistentVolumeClaims(w.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
-		return fmt.Errorf("delete claims: %w", err)
-	}
+	all := metav1.ListOptions{}
+	one := metav1.ListOptions{Limit: 1}
 	sel := metav1.ListOptions{LabelSelector: runLabel + "=" + w.Prefix}
-	if err := client.CoreV1().PersistentVolumes().DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
-		return fmt.Errorf("delete PVs: %w", err)
+	oneSel := metav1.ListOptions{LabelSelector: sel.LabelSelector, Limit: 1}
+	pods := client.CoreV1().Pods(w.Namespace)
+	claims := client.CoreV1().PersistentVolumeClaims(w.Namespace)
+	pvs := client.CoreV1().PersistentVolumes()
+	nodes := client.CoreV1().Nodes()
+
+	if err := deleteUntilGone(ctx, "pods",
+		func(ctx context.Context) error { return pods.DeleteCollection(ctx, zero, all) },
+		func(ctx context.Context) (bool, error) {
+			l, err := pods.List(ctx, one)
+			return err == nil && len(l.Items) > 0, err
+		},
+	); err != nil {
+		return err
 	}
-	if err := client.CoreV1().Nodes().DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
-		return fmt.Errorf("delete nodes: %w", err)
+	var wg sync.WaitGroup
+	var claimsErr, pvsErr error
+	wg.Go(func() {
+		claimsErr = deleteUntilGone(ctx, "claims",
+			func(ctx context.Context) error { return claims.DeleteCollection(ctx, metav1.DeleteOptions{}, all) },
+			func(ctx context.Context) (bool, error) {
+				l, err := claims.List(ctx, one)
+				return err == nil && len(l.Items) > 0, err
+			})
+	})
+	wg.Go(func() {
+		pvsErr = deleteUntilGone(ctx, "PVs",
+			func(ctx context.Context) error { return pvs.DeleteCollection(ctx, metav1.DeleteOptions{}, sel) },
+			func(ctx context.Context) (bool, error) {
+				l, err := pvs.List(ctx, oneSel)
+				return err == nil && len(l.Items) > 0, err
+			})
+	})
+	wg.Wait()
+	if err := errors.Join(claimsErr, pvsErr); err != nil {
+		return err
 	}
-	return nil
+	return deleteUntilGone(ctx, "nodes",
+		func(ctx context.Context) error { return nodes.DeleteCollection(ctx, metav1.DeleteOptions{}, sel) },
+		func(ctx context.Context) (bool, error) {
+			l, err := nodes.List(ctx, oneSel)
+			return err == nil && len(l.Items) > 0, err
+		})
+}
+
+// deleteUntilGone calls deleteCollection until left says none is left, or
+// ctx ends.
+func deleteUntilGone(ctx context.Context, what string, deleteCollection func(context.Context) error, left func(context.Context) (bool, error)) error {
+	for {
+		err := deleteCollection(ctx)
+		some, lerr := left(ctx)
+		if lerr == nil && !some {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("delete %s: %w", what, errors.Join(err, lerr, ctx.Err()))
+		}
+		klog.FromContext(ctx).Info("Deleting again: some are left", "what", what, "err", err, "listErr", lerr)
+		if err != nil || lerr != nil {
+			_ = pause(ctx, time.Second)
+		}
+	}
 }
 
 // benchNode is a managed, Ready node with the status a real kubelet
