@@ -239,16 +239,16 @@ func (c *Controller) refIndexes() []refIndexed {
 // indexed returns a handler that records in x what each object refers to
 // (refs of the old and the new object) and then calls then: a lookup by
 // whatever then queues finds the object.
-func indexed(x *refIndex, refs func(obj any) []string, then toolscache.ResourceEventHandler) toolscache.ResourceEventHandlerFuncs {
+func indexed(x *refIndex, refs func(obj any) []string, then toolscache.ResourceEventHandler) toolscache.ResourceEventHandler {
 	record := func(obj any, was, is []string) {
 		if k, err := toolscache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 			x.update(k, was, is)
 		}
 	}
-	return toolscache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) {
+	return toolscache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj any, isInInitialList bool) {
 			record(obj, nil, refs(obj))
-			then.OnAdd(obj, false)
+			then.OnAdd(obj, isInInitialList)
 		},
 		UpdateFunc: func(old, obj any) {
 			record(obj, refs(old), refs(obj))
@@ -258,6 +258,26 @@ func indexed(x *refIndex, refs func(obj any) []string, then toolscache.ResourceE
 			record(obj, refs(obj), nil)
 			then.OnDelete(obj)
 		},
+	}
+}
+
+// afterInitialList passes on every event but the adds of the informer's
+// initial list. Run recovers once every handler has seen that list (the
+// registrations' HasSynced): Recover syncs every object the listers then
+// hold, so each of those adds is covered, and queueing it as well would
+// give every object of the cluster a second look right after the restart,
+// ahead of the changes made meanwhile (at 100,000 volumes, seconds of
+// syncs before a new VolumeAttachment's update is read). Updates and
+// deletes, and the adds of a later relist, are passed on.
+func afterInitialList(h toolscache.ResourceEventHandler) toolscache.ResourceEventHandler {
+	return toolscache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj any, isInInitialList bool) {
+			if !isInInitialList {
+				h.OnAdd(obj, false)
+			}
+		},
+		UpdateFunc: h.OnUpdate,
+		DeleteFunc: h.OnDelete,
 	}
 }
 
@@ -333,7 +353,8 @@ func (c *Controller) addHandlers() error {
 		})},
 	}
 	for _, h := range handlers {
-		handler := h.handler
+		// The ref indexes see every add, the initial list's too.
+		handler := afterInitialList(h.handler)
 		for _, r := range c.refIndexes() {
 			if r.informer == h.informer {
 				handler = indexed(r.index, r.refs, handler)

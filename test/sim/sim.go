@@ -207,7 +207,7 @@ func (s *Sim) newController() {
 	for _, r := range resources {
 		s.w.pending[r] = nil
 		for _, o := range s.w.list(r) {
-			s.inf[r].deliver(event{typ: added, obj: o})
+			s.inf[r].deliver(event{typ: added, obj: o, initial: true})
 		}
 	}
 	// As Run does: the volume keys recovery found are held back and fed to

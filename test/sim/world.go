@@ -44,6 +44,9 @@ type event struct {
 	typ eventType
 	obj runtime.Object
 	at  time.Time
+	// initial: an add of the informer's initial list, as client-go marks
+	// it (isInInitialList).
+	initial bool
 }
 
 // object is what every stored object is.
@@ -361,7 +364,7 @@ func (i *informer) deliver(ev event) {
 		}
 		_ = i.indexer.Add(obj)
 		for _, h := range i.handlers {
-			h.OnAdd(obj, false)
+			h.OnAdd(obj, ev.initial)
 		}
 	}
 }
