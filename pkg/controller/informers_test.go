@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
@@ -223,4 +224,41 @@ func TestTrimCSIAndSharedStrings(t *testing.T) {
 	same("node name", p.Spec.NodeName, q.Spec.NodeName)
 	same("pod namespace", p.Namespace, q.Namespace)
 	same("namespace of a pod and of a PV's claim", p.Namespace, a.Spec.ClaimRef.Namespace)
+}
+
+// The handlers queue nothing for the adds of the initial list (Recover
+// covers those objects), but the ref indexes record them; every later add,
+// update and delete reaches the handler.
+func TestAfterInitialList(t *testing.T) {
+	pod := func(name, claim string) *v1.Pod {
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}, Spec: v1.PodSpec{Volumes: []v1.Volume{
+			{Name: "data", VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}}}}
+	}
+	var seen []string
+	record := func(what string) func(obj any) {
+		return func(obj any) { seen = append(seen, what+" "+obj.(*v1.Pod).Name) }
+	}
+	x := newRefIndex()
+	h := indexed(x, podClaims, afterInitialList(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    record("add"),
+		UpdateFunc: func(_, obj any) { record("update")(obj) },
+		DeleteFunc: record("delete"),
+	}))
+	listed, created := pod("listed", "claim-a"), pod("created", "claim-b")
+	h.OnAdd(listed, true)
+	h.OnAdd(created, false)
+	h.OnUpdate(listed, pod("listed", "claim-c"))
+	h.OnDelete(created)
+	if want := []string{"add created", "update listed", "delete created"}; strings.Join(seen, ",") != strings.Join(want, ",") {
+		t.Errorf("handler saw %q, want %q", seen, want)
+	}
+	for claim, want := range map[string]string{"ns/claim-a": "", "ns/claim-b": "", "ns/claim-c": "ns/listed"} {
+		if got := strings.Join(x.get(claim), ","); got != want {
+			t.Errorf("pods of %s: %q, want %q", claim, got, want)
+		}
+	}
+	h.OnAdd(pod("again", "claim-a"), true)
+	if got := strings.Join(x.get("ns/claim-a"), ","); got != "ns/again" {
+		t.Errorf("an initial add not indexed: pods of ns/claim-a %q, want ns/again", got)
+	}
 }
