@@ -10,8 +10,10 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
@@ -270,60 +272,41 @@ func (w *Workload) DeleteCanary(ctx context.Context, client kubernetes.Interface
 func (w *Workload) Cleanup(ctx context.Context, client kubernetes.Interface) error {
 	zero := metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}
 	all := metav1.ListOptions{}
-	one := metav1.ListOptions{Limit: 1}
 	sel := metav1.ListOptions{LabelSelector: runLabel + "=" + w.Prefix}
-	oneSel := metav1.ListOptions{LabelSelector: sel.LabelSelector, Limit: 1}
-	pods := client.CoreV1().Pods(w.Namespace)
-	claims := client.CoreV1().PersistentVolumeClaims(w.Namespace)
-	pvs := client.CoreV1().PersistentVolumes()
-	nodes := client.CoreV1().Nodes()
-
-	if err := deleteUntilGone(ctx, "pods",
-		func(ctx context.Context) error { return pods.DeleteCollection(ctx, zero, all) },
-		func(ctx context.Context) (bool, error) {
-			l, err := pods.List(ctx, one)
-			return err == nil && len(l.Items) > 0, err
-		},
-	); err != nil {
+	if err := deleteUntilGone[*v1.PodList](ctx, "pods", client.CoreV1().Pods(w.Namespace), zero, all); err != nil {
 		return err
 	}
 	var wg sync.WaitGroup
 	var claimsErr, pvsErr error
 	wg.Go(func() {
-		claimsErr = deleteUntilGone(ctx, "claims",
-			func(ctx context.Context) error { return claims.DeleteCollection(ctx, metav1.DeleteOptions{}, all) },
-			func(ctx context.Context) (bool, error) {
-				l, err := claims.List(ctx, one)
-				return err == nil && len(l.Items) > 0, err
-			})
+		claimsErr = deleteUntilGone[*v1.PersistentVolumeClaimList](ctx, "claims",
+			client.CoreV1().PersistentVolumeClaims(w.Namespace), metav1.DeleteOptions{}, all)
 	})
 	wg.Go(func() {
-		pvsErr = deleteUntilGone(ctx, "PVs",
-			func(ctx context.Context) error { return pvs.DeleteCollection(ctx, metav1.DeleteOptions{}, sel) },
-			func(ctx context.Context) (bool, error) {
-				l, err := pvs.List(ctx, oneSel)
-				return err == nil && len(l.Items) > 0, err
-			})
+		pvsErr = deleteUntilGone[*v1.PersistentVolumeList](ctx, "PVs", client.CoreV1().PersistentVolumes(), metav1.DeleteOptions{}, sel)
 	})
 	wg.Wait()
 	if err := errors.Join(claimsErr, pvsErr); err != nil {
 		return err
 	}
-	return deleteUntilGone(ctx, "nodes",
-		func(ctx context.Context) error { return nodes.DeleteCollection(ctx, metav1.DeleteOptions{}, sel) },
-		func(ctx context.Context) (bool, error) {
-			l, err := nodes.List(ctx, oneSel)
-			return err == nil && len(l.Items) > 0, err
-		})
+	return deleteUntilGone[*v1.NodeList](ctx, "nodes", client.CoreV1().Nodes(), metav1.DeleteOptions{}, sel)
 }
 
-// deleteUntilGone calls deleteCollection until left says none is left, or
-// ctx ends.
-func deleteUntilGone(ctx context.Context, what string, deleteCollection func(context.Context) error, left func(context.Context) (bool, error)) error {
+// collection is what deleteUntilGone needs of a typed client.
+type collection[L runtime.Object] interface {
+	DeleteCollection(context.Context, metav1.DeleteOptions, metav1.ListOptions) error
+	List(context.Context, metav1.ListOptions) (L, error)
+}
+
+// deleteUntilGone deletes what sel selects in c until a list finds none
+// left, or ctx ends.
+func deleteUntilGone[L runtime.Object](ctx context.Context, what string, c collection[L], opts metav1.DeleteOptions, sel metav1.ListOptions) error {
+	one := sel
+	one.Limit = 1
 	for {
-		err := deleteCollection(ctx)
-		some, lerr := left(ctx)
-		if lerr == nil && !some {
+		err := c.DeleteCollection(ctx, opts, sel)
+		l, lerr := c.List(ctx, one)
+		if lerr == nil && meta.LenList(l) == 0 {
 			return nil
 		}
 		if ctx.Err() != nil {
