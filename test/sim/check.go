@@ -33,6 +33,11 @@ import (
 //	   attachment on an existing node (a VolumeAttachment, an in-tree
 //	   attachment) is attached, not being detached, and listed in its node's
 //	   status: what kube-controller-manager needs to count it.
+//	I7 no detach starts for a volume a live pod on that node has wanted
+//	   long enough to be seen (seenWant), mounted yet or not, whatever the
+//	   node's health: the pod is starting on it, or its node is down with
+//	   the pod still there, and the detach only makes it wait for a new
+//	   attach, or (on a node that comes back) pulls the volume from under it.
 
 // checkEveryStep checks I1 and keeps the bookkeeping I2 needs.
 func (s *Sim) checkEveryStep() {
@@ -114,7 +119,7 @@ func (s *Sim) checkSingleNode() {
 
 func (s *Sim) checkAttachmentCreated(*storagev1.VolumeAttachment) { s.checkSingleNode() }
 
-// checkDetachStart checks I2 and I3 at the moment a detach of pv from node
+// checkDetachStart checks I2, I3 and I7 at the moment a detach of pv from node
 // starts.
 func (s *Sim) checkDetachStart(pv, node string) {
 	v := s.volumeByPV(pv)
@@ -140,6 +145,10 @@ func (s *Sim) checkDetachStart(pv, node string) {
 		s.violate("I3", "detach of %s from %s started while node.status.volumesAttached lists it", pv, node)
 	}
 	if !listed(inUse) {
+		if s.wantedFor(seenWant)[pair{pv, node}] {
+			s.violate("I7", "detach of %s from node %s started while a live pod there has wanted it for %s or more (not mounted)",
+				pv, node, seenWant)
+		}
 		return
 	}
 	since, unwanted := s.unwantedSince[pair{pv, node}]

@@ -77,6 +77,19 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			s.clock.SetTime(s.clock.Now().Add(time.Hour))
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I2"},
+		{"I7: detach of a volume a live pod has long wanted, not mounted yet", func(s *Sim) {
+			s.createPod("rwo-0", nodeName(0))
+			attach(s, nodeName(0))
+			s.checkEveryStep()
+			s.clock.SetTime(s.clock.Now().Add(seenWant))
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+		}, "I7"},
+		{"I7: none for a pod just created", func(s *Sim) {
+			attach(s, nodeName(0))
+			s.createPod("rwo-0", nodeName(0))
+			s.checkEveryStep()
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+		}, ""},
 		{"I3: detach while node status lists the volume", func(s *Sim) {
 			attach(s, nodeName(0))
 			setNode(s, nodeName(0), listed)
