@@ -35,11 +35,11 @@ func userOf(name string) string {
 	return "system:serviceaccount:" + identityNamespace + ":adcbench-" + name
 }
 
-// StartCluster starts etcd and kube-apiserver with limits out of the way
+// StartCluster starts etcd and kube-apiserver (from binDir) with limits out of the way
 // (no priority and fairness, many requests in flight), no PVC/PV protection
 // finalizers (no controller would remove them), and an audit log of the
 // given controllers' requests in dir/audit.log.
-func StartCluster(logger klog.Logger, dir string, controllers []string) (*framework.Cluster, string, error) {
+func StartCluster(logger klog.Logger, binDir, dir string, controllers []string) (*framework.Cluster, string, error) {
 	users := make([]string, 0, len(controllers))
 	for _, c := range controllers {
 		users = append(users, userOf(c))
@@ -51,6 +51,7 @@ func StartCluster(logger klog.Logger, dir string, controllers []string) (*framew
 	auditLog := filepath.Join(dir, "audit.log")
 	c, err := framework.Start(framework.Options{
 		Logger: logger,
+		BinDir: binDir,
 		APIServerFlags: []string{
 			"--enable-priority-and-fairness=false",
 			"--max-requests-inflight=3000",

@@ -161,7 +161,7 @@ func run(f flags) error {
 	defer stop()
 	logger := klog.Background()
 	ctx = klog.NewContext(ctx, logger)
-	results, err := runAll(ctx, cfg, ctrls)
+	results, err := runAll(ctx, f.binDir, cfg, ctrls)
 	if err != nil {
 		return err
 	}
@@ -225,15 +225,16 @@ func reportName(f flags) string {
 	return name
 }
 
-// runAll starts the cluster, the test attacher and the observer, runs each
-// controller in turn, and stops everything.
-func runAll(ctx context.Context, cfg bench.Config, ctrls []bench.Controller) ([]*bench.Result, error) {
+// runAll starts the cluster (etcd and kube-apiserver from binDir), the test
+// attacher and the observer, runs each controller in turn, and stops
+// everything.
+func runAll(ctx context.Context, binDir string, cfg bench.Config, ctrls []bench.Controller) ([]*bench.Result, error) {
 	logger := klog.FromContext(ctx)
 	names := make([]string, 0, len(ctrls))
 	for _, c := range ctrls {
 		names = append(names, c.Name)
 	}
-	cluster, auditLog, err := bench.StartCluster(logger, cfg.WorkDir, names)
+	cluster, auditLog, err := bench.StartCluster(logger, binDir, cfg.WorkDir, names)
 	if err != nil {
 		return nil, err
 	}
