@@ -43,9 +43,8 @@ build:
 	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/attach-detach-controller ./cmd/attach-detach-controller
 
 # The real etcd and kube-apiserver the integration tests run against, built
-# from the Go module proxy (hack/tools; what only they build, without
-# optimisation); a second run reuses them. promtool installs beside the
-# build (make -j).
+# from the Go module proxy (hack/tools); a second run reuses them. promtool
+# installs beside the build (make -j).
 tools: go-tools promtool
 
 go-tools:
@@ -144,17 +143,11 @@ SIZE ?= small
 BENCH_QPS ?= 20
 BENCH_BURST ?= 30
 
-# The apiserver, etcd and kube-controller-manager it measures are built
-# optimised, as released (the tests' are not: hack/build-tools.sh), into
-# their own directory.
-BENCH_BIN_DIR := _output/bench/bin
-
 bench: build
-	TOOLS_OPTIMIZED=1 TOOLS_BIN_DIR=$(abspath $(BENCH_BIN_DIR)) hack/build-tools.sh etcd kube-apiserver kube-controller-manager
+	hack/build-tools.sh etcd kube-apiserver kube-controller-manager
 	mkdir -p _output/bench
 	go test -run '^$$' -bench . -benchmem ./pkg/cache ./pkg/reconciler ./pkg/controller | tee _output/bench/go-bench.txt
-	go run ./test/bench/cmd/adcbench -size $(SIZE) -qps $(BENCH_QPS) -burst $(BENCH_BURST) -go-bench _output/bench/go-bench.txt \
-	  -bin-dir $(abspath $(BENCH_BIN_DIR)) -ours-binary $(abspath $(BIN_DIR))/attach-detach-controller
+	go run ./test/bench/cmd/adcbench -size $(SIZE) -qps $(BENCH_QPS) -burst $(BENCH_BURST) -go-bench _output/bench/go-bench.txt
 
 IMAGE ?= ghcr.io/kube-attach/attach-detach-controller:$(VERSION)
 

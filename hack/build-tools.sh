@@ -2,18 +2,8 @@
 # Builds the binaries the integration tests and benchmarks run against from the
 # separate Go module in hack/tools, into _output/bin/NAME.
 #
-# Usage: [TOOLS_OPTIMIZED=1] [TOOLS_BIN_DIR=DIR] hack/build-tools.sh NAME...
+# Usage: hack/build-tools.sh NAME...
 #   NAME is one of: etcd kube-apiserver kube-controller-manager kustomize csi-attacher csi-mock-driver
-#
-# For the tests and the demo, the packages only the tools build (kube-apiserver's
-# and kube-controller-manager's own, etcd's server, ...: every module the
-# controller and its tests do not build) compile without optimisation (-N -l):
-# a quarter less compile time for the largest part of a cold build, while the
-# tests spend seconds of CPU in those binaries. The packages the tools share
-# with the controller (client-go, apimachinery, apiserver, ...) compile as
-# everywhere else, once. TOOLS_OPTIMIZED=1 builds everything optimised, as a
-# release is: make bench measures kube-controller-manager and the apiserver
-# with it, into its own TOOLS_BIN_DIR.
 #
 # A tool is rebuilt only when its binary is missing or its stamp is stale. The
 # stamp (_output/bin/.NAME.stamp) is the sha256 of hack/tools/go.mod, go.sum and
@@ -36,9 +26,7 @@ repo_root="$(dirname "$(dirname "${script}")")"
 cd "${repo_root}"
 
 tools_dir="hack/tools"
-bin_dir="${TOOLS_BIN_DIR:-${repo_root}/_output/bin}"
-optimized="${TOOLS_OPTIMIZED:-0}"
-[[ "${optimized}" == 0 || "${optimized}" == 1 ]] || { echo "TOOLS_OPTIMIZED must be 0 or 1, not ${optimized}" >&2; exit 2; }
+bin_dir="${repo_root}/_output/bin"
 all_tools="etcd kube-apiserver kube-controller-manager kustomize csi-attacher csi-mock-driver"
 
 # etcd is built in hack/tools too: its replace directives hold
@@ -77,7 +65,7 @@ for name in "$@"; do
   package_for "${name}" >/dev/null || { echo "unknown tool: ${name}" >&2; usage; }
 done
 
-base_stamp="$( (cat "${tools_dir}/go.mod" "${tools_dir}/go.sum" "${script}"; echo "optimized=${optimized}") | sha256sum | cut -d' ' -f1)"
+base_stamp="$(cat "${tools_dir}/go.mod" "${tools_dir}/go.sum" "${script}" | sha256sum | cut -d' ' -f1)"
 mkdir -p "${bin_dir}"
 
 stamp_for() {
@@ -151,22 +139,7 @@ echo "building ${names[*]}" >&2
 # tools share with the controller and its tests (hack/tools/go.mod holds them
 # at the controller's versions) compile once. No DWARF (-w): the links take
 # a fifth less; stack traces are unchanged.
-gcflags=()
-if [[ "${optimized}" == 0 ]]; then
-  # A module the controller's packages and tests build (any of its packages)
-  # keeps the optimised build; so does one whose path prefixes such a
-  # package (a pattern m/... would reach it).
-  shared_pkgs="$(go list -deps -test -f '{{if not .Standard}}{{.ImportPath}}{{end}}' ./... | grep -v '[[ ]' | sort -u)"
-  shared_mods="$(go list -deps -test -f '{{with .Module}}{{.Path}}{{end}}' ./... | sort -u)"
-  while read -r mod; do
-    [[ -n "${mod}" ]] || continue
-    grep -qxF "${mod}" <<<"${shared_mods}" && continue
-    grep -q -e "^${mod//./\\.}\$" -e "^${mod//./\\.}/" <<<"${shared_pkgs}" && continue
-    gcflags+=("-gcflags=${mod}/...=-N -l")
-  done < <(cd "${tools_dir}" && go list -deps -f '{{with .Module}}{{if not .Main}}{{.Path}}{{end}}{{end}}' "${pkgs[@]}" | sort -u)
-  echo "unoptimised (-N -l): the packages of ${#gcflags[@]} modules only the tools build" >&2
-fi
-(cd "${tools_dir}" && CGO_ENABLED=0 go build -trimpath -ldflags=-w "${gcflags[@]}" -o "${out_dir}/" "${pkgs[@]}")
+(cd "${tools_dir}" && CGO_ENABLED=0 go build -trimpath -ldflags=-w -o "${out_dir}/" "${pkgs[@]}")
 for i in "${!names[@]}"; do
   mv -f "${out_dir}/$(output_name "${pkgs[i]}")" "${bin_dir}/${names[i]}"
   echo "${stamps[i]}" >"${bin_dir}/.${names[i]}.stamp.tmp"
