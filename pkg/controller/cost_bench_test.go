@@ -120,7 +120,7 @@ type costEnv struct {
 	client  *fake.Clientset
 	ctrl    *controller.Controller
 	reg     *prometheus.Registry
-	inf     struct{ pods, pvcs, pvs, nodes, csiNodes, csiDrivers, vas *syncInformer }
+	inf     costInformers
 	queues  queues
 	// bytesPerVolume is the heap the informer caches and the controller's
 	// state hold per volume once recovered; recovery is the time from the
@@ -129,6 +129,8 @@ type costEnv struct {
 	bytesPerVolume float64
 	recovery       time.Duration
 }
+
+type costInformers struct{ pods, pvcs, pvs, nodes, csiNodes, csiDrivers, vas *syncInformer }
 
 func nodeName(i int) string { return fmt.Sprintf("node-%05d", i) }
 func pvName(i int) string   { return fmt.Sprintf("pv-%06d", i) }
@@ -257,26 +259,10 @@ func envOf(b *testing.B, n int) *costEnv {
 	})
 	before := heapInUse()
 
-	for _, p := range []**syncInformer{&e.inf.pods, &e.inf.pvcs, &e.inf.pvs, &e.inf.nodes, &e.inf.csiNodes, &e.inf.csiDrivers, &e.inf.vas} {
+	for _, p := range e.inf.all() {
 		*p = newSyncInformer()
 	}
-	c, err := controller.New(controller.Config{
-		Client:        e.client,
-		Recorder:      &record.FakeRecorder{},
-		Metrics:       metrics.New(),
-		Registerer:    e.reg,
-		Reconciler:    reconciler.Config{},
-		InTree:        intree.NewRegistry(),
-		Workers:       1,
-		StatusWorkers: 1,
-		Informers: &controller.Informers{Pods: e.inf.pods, PVCs: e.inf.pvcs, PVs: e.inf.pvs, Nodes: e.inf.nodes,
-			CSINodes: e.inf.csiNodes, CSIDrivers: e.inf.csiDrivers, VolumeAttachments: e.inf.vas},
-		NewQueue:    e.queues.newQueue(clock.RealClock{}),
-		NewKeyQueue: e.queues.newKeyQueue(clock.RealClock{}),
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
+	c := e.newController(b, e.reg)
 	e.ctrl = c
 	attachRequired := true
 	e.inf.csiDrivers.upsert(&storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: costDriver},
@@ -302,6 +288,35 @@ func envOf(b *testing.B, n int) *costEnv {
 	}
 	costEnvs[n] = e
 	return e
+}
+
+// all points at each of the informers.
+func (i *costInformers) all() []**syncInformer {
+	return []**syncInformer{&i.pods, &i.pvcs, &i.pvs, &i.nodes, &i.csiNodes, &i.csiDrivers, &i.vas}
+}
+
+// newController makes a controller on e's client, informers and queues,
+// registering its metrics into reg.
+func (e *costEnv) newController(b *testing.B, reg prometheus.Registerer) *controller.Controller {
+	b.Helper()
+	c, err := controller.New(controller.Config{
+		Client:        e.client,
+		Recorder:      &record.FakeRecorder{},
+		Metrics:       metrics.New(),
+		Registerer:    reg,
+		Reconciler:    reconciler.Config{},
+		InTree:        intree.NewRegistry(),
+		Workers:       1,
+		StatusWorkers: 1,
+		Informers: &controller.Informers{Pods: e.inf.pods, PVCs: e.inf.pvcs, PVs: e.inf.pvs, Nodes: e.inf.nodes,
+			CSINodes: e.inf.csiNodes, CSIDrivers: e.inf.csiDrivers, VolumeAttachments: e.inf.vas},
+		NewQueue:    e.queues.newQueue(clock.RealClock{}),
+		NewKeyQueue: e.queues.newKeyQueue(clock.RealClock{}),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c
 }
 
 // drain runs every queued item through its sync, as the workers would,
@@ -500,5 +515,42 @@ func BenchmarkControllerMemory(b *testing.B) {
 		}
 		b.ReportMetric(e.bytesPerVolume, "heap-bytes/volume")
 		b.ReportMetric(e.recovery.Seconds(), "recovery-s")
+	})
+}
+
+// BenchmarkCostRecover: a restart's rebuild of both states from informers
+// that hold the whole cluster (everything attached and reported), by a new
+// controller: one op is one Recover, also reported per volume.
+func BenchmarkCostRecover(b *testing.B) {
+	forSizes(b, func(b *testing.B, e *costEnv) {
+		b.StopTimer()
+		var total time.Duration
+		for range b.N {
+			// A new process: new informers holding the same objects, new
+			// queues, a new controller.
+			r := &costEnv{volumes: e.volumes, ctx: e.ctx, client: e.client, queues: queues{}}
+			for i, p := range r.inf.all() {
+				*p = newSyncInformer()
+				for _, o := range (*e.inf.all()[i]).indexer.List() {
+					_ = (*p).indexer.Add(o)
+				}
+			}
+			c := r.newController(b, prometheus.NewRegistry())
+			start := time.Now()
+			b.StartTimer()
+			held, err := c.RecoverHeld(e.ctx)
+			b.StopTimer()
+			total += time.Since(start)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if len(held) != e.volumes {
+				b.Fatalf("recovered %d volume keys, want %d", len(held), e.volumes)
+			}
+		}
+		if writes := countWrites(e.client); writes != 0 {
+			b.Fatalf("a rebuild where everything is right made %d writes", writes)
+		}
+		b.ReportMetric(float64(total.Nanoseconds())/float64(b.N)/float64(e.volumes), "ns/volume")
 	})
 }

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -73,16 +74,23 @@ func (c *Controller) Recover(ctx context.Context) error {
 		return fmt.Errorf("list pods: %w", err)
 	}
 	slices.SortFunc(pods, func(a, b *v1.Pod) int {
-		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
 	})
 	for _, p := range pods {
 		if err := c.syncPod(ctx, p.Namespace+"/"+p.Name); err != nil {
 			return err
 		}
 	}
-	// Every known key gets one look, whether or not it changed.
-	c.touch(c.actual.Keys()...)
-	c.touch(c.desired.Keys()...)
+	// Every known key gets one look, whether or not it changed, and every
+	// node with one a status look. touch would also queue each key's
+	// volume on every node and under every name: keys both states hold,
+	// queued here anyway.
+	for _, keys := range [][]cache.Key{c.actual.Keys(), c.desired.Keys()} {
+		for _, k := range keys {
+			c.volumeQueue.Add(k)
+			c.statusQueue.Add(k.Node)
+		}
+	}
 	logger.Info("Recovered state", "attachments", len(c.actual.Keys()), "desired", len(c.desired.Keys()), "pods", len(pods), "nodes", len(nodes),
 		"duration", time.Since(start).Round(time.Millisecond))
 	return nil
