@@ -35,10 +35,10 @@ func userOf(name string) string {
 	return "system:serviceaccount:" + identityNamespace + ":adcbench-" + name
 }
 
-// StartCluster starts etcd and kube-apiserver (from binDir) with limits out of the way
-// (no priority and fairness, many requests in flight), no PVC/PV protection
-// finalizers (no controller would remove them), and an audit log of the
-// given controllers' requests in dir/audit.log.
+// StartCluster starts etcd and kube-apiserver (from binDir) with limits out
+// of the way (no priority and fairness, many requests in flight), no PVC/PV
+// protection finalizers (no controller would remove them), and an audit log
+// of the given controllers' requests in dir/audit.log.
 func StartCluster(logger klog.Logger, binDir, dir string, controllers []string) (*framework.Cluster, string, error) {
 	users := make([]string, 0, len(controllers))
 	for _, c := range controllers {
