@@ -287,6 +287,7 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 	// volume on this node with no way to detach it.
 	var notAttached *NotAttachedError
 	create := err == nil || !errors.As(err, &notAttached)
+	var state cache.State
 	r.actual.Update(d.Key, create, func(a *cache.Attachment) {
 		a.Kind = spec.Kind
 		a.PluginName = spec.PluginName
@@ -294,9 +295,14 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 		if res.AttachmentName != "" {
 			a.AttachmentName = res.AttachmentName
 		}
-		if a.AttachStarted.IsZero() && a.State != cache.Attached {
+		// The volume was not attached when the attach was decided: an
+		// attachment seen attached now completed inside the call (the
+		// VolumeAttachment's informer can mark it before Attach returns).
+		// It is this attach's, and is announced.
+		if a.AttachStarted.IsZero() {
 			a.AttachStarted = now
 		}
+		defer func() { state = a.State }()
 		a.Withdrawn = false
 		a.DetachWanted = time.Time{}
 		if err != nil {
@@ -320,7 +326,7 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 		// The worker retries with backoff; an *AttachError stays wrapped.
 		return Result{}, fmt.Errorf("attach %s to node %s: %w", d.Key.Volume, d.Key.Node, err)
 	}
-	if !res.Attached {
+	if !res.Attached && state != cache.Attached {
 		logger.V(2).Info("Attach started", "attachment", res.AttachmentName)
 		return Result{}, nil
 	}

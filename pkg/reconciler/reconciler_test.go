@@ -72,6 +72,9 @@ func key(s *volume.Spec, node string) cache.Key { return cache.Key{Volume: s.Nam
 type attachReply struct {
 	res AttachResult
 	err error
+	// seenAttached: the attachment is seen attached before Attach returns,
+	// as the VolumeAttachment's informer can mark it.
+	seenAttached bool
 }
 
 type detachReply struct {
@@ -86,6 +89,7 @@ type fakeMechanism struct {
 	calls  *[]string
 	attach map[volume.Name]attachReply
 	detach map[volume.Name]detachReply
+	actual *cache.ActualState
 }
 
 var _ Mechanism = (*fakeMechanism)(nil)
@@ -93,6 +97,11 @@ var _ Mechanism = (*fakeMechanism)(nil)
 func (f *fakeMechanism) Attach(_ context.Context, spec *volume.Spec, node string) (AttachResult, error) {
 	*f.calls = append(*f.calls, string(f.kind)+" attach "+string(spec.Name)+"@"+node)
 	r := f.attach[spec.Name]
+	if r.seenAttached {
+		f.actual.Update(cache.Key{Volume: spec.Name, Node: node}, true, func(a *cache.Attachment) {
+			a.Kind, a.AttachmentName, a.State = f.kind, r.res.AttachmentName, cache.Attached
+		})
+	}
 	return r.res, r.err
 }
 
@@ -131,7 +140,7 @@ func newEnv(t *testing.T, cfg Config) *env {
 	}
 	mechs := map[volume.Kind]Mechanism{}
 	for _, kind := range []volume.Kind{volume.KindCSI, volume.KindInTree} {
-		mechs[kind] = &fakeMechanism{kind: kind, calls: &e.calls, attach: e.attach, detach: e.detach}
+		mechs[kind] = &fakeMechanism{kind: kind, calls: &e.calls, attach: e.attach, detach: e.detach, actual: e.actual}
 	}
 	e.r = New(e.desired, e.actual, mechs, e.rec, e.m, cfg)
 	e.r.now = func() time.Time { return e.now }
@@ -318,6 +327,22 @@ func TestSync(t *testing.T) {
 				h := histogram(t, e, metrics.OperationAttach, metrics.StatusSuccess)
 				if h.GetSampleCount() != 1 || h.GetSampleSum() != 3 {
 					t.Errorf("attach duration: %d samples, sum %v; want 1 sample of 3s", h.GetSampleCount(), h.GetSampleSum())
+				}
+			},
+		},
+		{
+			name:   "csi attach seen complete before Attach returns is announced at once",
+			pods:   []wants{{podA, node1, []*volume.Spec{specA}}},
+			attach: map[volume.Name]attachReply{specA.Name: {res: AttachResult{AttachmentName: "csi-a"}, seenAttached: true}},
+			steps: []step{
+				{key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"},
+					wantResult: Result{WriteNodeStatus: true}, wantEvents: []string{succeeded("pv-a")}},
+				{name: "the informer's re-queue: announced once", key: key(specA, node1)},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Name: "csi-a"}},
+			check: func(t *testing.T, e *env) {
+				if n := samples(t, e, metrics.OperationAttach, metrics.StatusSuccess); n != 1 {
+					t.Errorf("attach successes observed: %d, want 1", n)
 				}
 			},
 		},
