@@ -78,7 +78,9 @@ func (c *Controller) BeginHandOver() {
 // Until the node, VolumeAttachment and node status queues are empty and
 // none of their items is being processed, what the informers delivered may
 // not be in the actual state yet (a node created again, an attach
-// confirmed): that counts as one more unsettled entry.
+// confirmed): that counts as one more unsettled entry. So does a volume
+// sync under way: the VolumeAttachment its attach call created may be in no
+// cache yet.
 func (c *Controller) HandedOver() (unsettled int, sample []string) {
 	n, sample, toWrite := c.actual.Unsettled(10)
 	for _, node := range toWrite {
@@ -87,6 +89,10 @@ func (c *Controller) HandedOver() (unsettled int, sample []string) {
 	if pending := c.nodeQueue.Len() + c.attachmentQueue.Len() + c.statusQueue.Len() + int(c.observing.Load()); pending > 0 {
 		n++
 		sample = append(sample, fmt.Sprintf("%d node, VolumeAttachment or node status syncs pending", pending))
+	}
+	if syncing := c.reconciler.Syncing(); syncing > 0 {
+		n++
+		sample = append(sample, fmt.Sprintf("%d volume syncs under way (an attach or detach call may await its answer)", syncing))
 	}
 	return n, sample
 }

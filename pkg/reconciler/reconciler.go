@@ -113,6 +113,9 @@ type Reconciler struct {
 	// handingOver: the controller is stopping gracefully; no operation
 	// starts (HandOver).
 	handingOver atomic.Bool
+	// syncing counts the Syncs under way: one may be waiting on the answer
+	// of an attach or detach call whose outcome no cache holds yet.
+	syncing atomic.Int64
 }
 
 // HandOver stops the reconciler from starting operations: Sync still
@@ -121,6 +124,11 @@ type Reconciler struct {
 // (continuesOperation), but new attaches, withdraws and detaches are left
 // to the successor.
 func (r *Reconciler) HandOver() { r.handingOver.Store(true) }
+
+// Syncing is how many Syncs are under way. A VolumeAttachment created by
+// one of them is in no cache until its answer comes or its informer
+// delivers it: a handoff is not done while one is.
+func (r *Reconciler) Syncing() int { return int(r.syncing.Load()) }
 
 // continuesOperation says whether d, during a handoff, finishes what is
 // under way rather than starting something: an attach started before (its
@@ -170,6 +178,8 @@ func New(desired *cache.DesiredState, actual *cache.ActualState, mechanisms map[
 // is not the one held. A key that finds the lock taken does nothing: the
 // holder's Result.Wake hands it back.
 func (r *Reconciler) Sync(ctx context.Context, k cache.Key) (res Result, err error) {
+	r.syncing.Add(1)
+	defer r.syncing.Add(-1)
 	logger := klog.FromContext(ctx)
 	var held volume.Name
 	var wake []cache.Key

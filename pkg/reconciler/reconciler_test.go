@@ -90,6 +90,8 @@ type fakeMechanism struct {
 	attach map[volume.Name]attachReply
 	detach map[volume.Name]detachReply
 	actual *cache.ActualState
+	// during, when set, runs inside every Attach call.
+	during func()
 }
 
 var _ Mechanism = (*fakeMechanism)(nil)
@@ -97,6 +99,9 @@ var _ Mechanism = (*fakeMechanism)(nil)
 func (f *fakeMechanism) Attach(_ context.Context, spec *volume.Spec, node string) (AttachResult, error) {
 	*f.calls = append(*f.calls, string(f.kind)+" attach "+string(spec.Name)+"@"+node)
 	r := f.attach[spec.Name]
+	if f.during != nil {
+		f.during()
+	}
 	if r.seenAttached {
 		f.actual.Update(cache.Key{Volume: spec.Name, Node: node}, true, func(a *cache.Attachment) {
 			a.Kind, a.AttachmentName, a.State = f.kind, r.res.AttachmentName, cache.Attached
@@ -933,5 +938,22 @@ func TestDecideReasons(t *testing.T) {
 				t.Errorf("String() = %q", d.String())
 			}
 		})
+	}
+}
+
+// A handoff is not done while a Sync awaits an attach call's answer: what
+// the call created is in no cache yet.
+func TestSyncingCountsSyncsUnderWay(t *testing.T) {
+	e := newEnv(t, Config{MaxWaitForUnmount: 6 * time.Minute})
+	e.actual.SetNode(node1, cache.NodeInfo{Managed: true, Ready: true})
+	e.desired.SetPod(podA, node1, []*volume.Spec{specA})
+	e.attach[specA.Name] = attachReply{res: AttachResult{AttachmentName: "csi-a"}}
+	during := -1
+	e.r.mechanisms[volume.KindCSI].(*fakeMechanism).during = func() { during = e.r.Syncing() }
+	if _, err := e.r.Sync(context.Background(), key(specA, node1)); err != nil {
+		t.Fatal(err)
+	}
+	if during != 1 || e.r.Syncing() != 0 {
+		t.Errorf("Syncing: %d during the attach call, %d after; want 1 and 0", during, e.r.Syncing())
 	}
 }

@@ -409,6 +409,7 @@ func (s *Sim) workload() {
 func (s *Sim) createPod(pv, node string) {
 	s.podSeq++
 	name := fmt.Sprintf("p-%d", s.podSeq)
+	s.podNode[name] = node
 	s.tracef("workload: pod %s on %s uses %s", name, node, pv)
 	s.w.create(rPods, &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("pod-" + name),

@@ -38,6 +38,11 @@ import (
 //	   node's health: the pod is starting on it, or its node is down with
 //	   the pod still there, and the detach only makes it wait for a new
 //	   attach, or (on a node that comes back) pulls the volume from under it.
+//	I8 once quiet, every VolumeAttachment the running controller generation
+//	   created, attached for a live pod on its node, has been announced: a
+//	   SuccessfulAttachVolume event for its volume to a pod on that node,
+//	   also when the attach was seen complete before the create's answer
+//	   came (what a restarted controller finds attached needs none).
 
 // checkEveryStep checks I1 and keeps the bookkeeping I2 needs.
 func (s *Sim) checkEveryStep() {
@@ -172,7 +177,7 @@ func (s *Sim) checkDetachStart(pv, node string) {
 	}
 }
 
-// checkQuiet checks I4 and I5 once nothing is left to do.
+// checkQuiet checks I4, I5 and I8 once nothing is left to do.
 func (s *Sim) checkQuiet() {
 	wanted := s.wanted()
 	attached := s.attachedNodes()
@@ -218,6 +223,12 @@ func (s *Sim) checkQuiet() {
 		slices.Sort(want)
 		if !slices.Equal(listed, want) {
 			s.violate("I5", "quiet, but node %s status lists %v while %v is attached", n.Name, listed, want)
+		}
+	}
+	for _, va := range s.w.attachments() {
+		p := pair{attachmentVolume(va), va.Spec.NodeName}
+		if va.Status.Attached && va.DeletionTimestamp == nil && wanted[p] && s.unannounced[p] {
+			s.violate("I8", "quiet, but the attach of %s to %s, attached for a live pod there, was never announced", p.pv, p.node)
 		}
 	}
 }

@@ -111,6 +111,22 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			setNode(s, nodeName(1), listed)
 			s.checkQuiet()
 		}, "I5"},
+		{"I8: quiet with an attach of this controller never announced", func(s *Sim) {
+			s.createPod("rwo-0", nodeName(0))
+			attach(s, nodeName(0))
+			setNode(s, nodeName(0), listed)
+			s.unannounced[pair{"rwo-0", nodeName(0)}] = true
+			s.checkQuiet()
+		}, "I8"},
+		{"I8: none once announced to the pod", func(s *Sim) {
+			s.createPod("rwo-0", nodeName(0))
+			attach(s, nodeName(0))
+			setNode(s, nodeName(0), listed)
+			s.unannounced[pair{"rwo-0", nodeName(0)}] = true
+			(&recorder{s: s}).Event(&v1.ObjectReference{Kind: "Pod", Namespace: ns, Name: "p-1"}, v1.EventTypeNormal,
+				"SuccessfulAttachVolume", `AttachVolume.Attach succeeded for volume "rwo-0" `)
+			s.checkQuiet()
+		}, ""},
 		{"I6: handed over with a VolumeAttachment its node status does not list", func(s *Sim) {
 			attach(s, nodeName(0))
 			s.checkHandedOver()

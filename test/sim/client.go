@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"errors"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -54,13 +55,35 @@ type attachmentClient struct {
 
 func (c *attachmentClient) Create(ctx context.Context, va *storagev1.VolumeAttachment, opts metav1.CreateOptions) (*storagev1.VolumeAttachment, error) {
 	c.s.yield()
-	return c.VolumeAttachmentInterface.Create(ctx, va, opts)
+	out, err := c.VolumeAttachmentInterface.Create(ctx, va, opts)
+	if err == nil {
+		// This controller generation's attach, to be announced (I8).
+		c.s.unannounced[pair{attachmentVolume(va), va.Spec.NodeName}] = true
+	}
+	return out, c.answered(err)
 }
 
 func (c *attachmentClient) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
 	c.s.yield()
-	return c.VolumeAttachmentInterface.Delete(ctx, name, opts)
+	return c.answered(c.VolumeAttachmentInterface.Delete(ctx, name, opts))
 }
+
+// answered is a call's answer on its way back: the scheduler may let
+// anything happen before it arrives (the informers see the write, the
+// attacher acts on it), or the controller may die meanwhile and never get it.
+func (c *attachmentClient) answered(err error) error { return answered(c.s, err) }
+
+func answered(s *Sim, err error) error {
+	if s.current != nil && s.current.killed {
+		return errNoAnswer
+	}
+	if s.yield() {
+		return errNoAnswer
+	}
+	return err
+}
+
+var errNoAnswer = errors.New("the controller was killed before the answer came")
 
 type coreClient struct {
 	corev1client.CoreV1Interface
@@ -78,5 +101,9 @@ type nodeClient struct {
 
 func (c *nodeClient) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*v1.Node, error) {
 	c.s.yield()
-	return c.NodeInterface.Patch(ctx, name, pt, data, opts, subresources...)
+	n, err := c.NodeInterface.Patch(ctx, name, pt, data, opts, subresources...)
+	if err = answered(c.s, err); err != nil {
+		return nil, err
+	}
+	return n, nil
 }

@@ -103,8 +103,13 @@ type Sim struct {
 	unwantedSince map[pair]time.Time
 	wantedSince   map[pair]time.Time
 	podResolved   map[string]time.Time
-	deletedInUse  map[string][]string
-	deletedNodes  map[string]bool
+	// podNode: the node of every pod created (a pod's name is never reused);
+	// unannounced: the VolumeAttachments the running controller generation
+	// created and has not announced to a pod on their node (I8).
+	podNode      map[string]string
+	unannounced  map[pair]bool
+	deletedInUse map[string][]string
+	deletedNodes map[string]bool
 	// taintSeen and unhealthySeen: when each node last had the
 	// out-of-service taint, and was last not Ready or deleted.
 	taintSeen, unhealthySeen map[string]time.Time
@@ -138,7 +143,7 @@ func newSim(seed int64, cfg Config) *Sim {
 		cfg: cfg, seed: seed, rng: rand.New(rand.NewSource(seed)),
 		clock:   clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
 		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
-		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]time.Time{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
+		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]time.Time{}, podNode: map[string]string{}, unannounced: map[pair]bool{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
 		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{},
 	}
 	s.ctx = s.logContext()
@@ -169,6 +174,8 @@ func (s *Sim) violate(inv, format string, args ...any) {
 // world, fresh caches, Recover, as a process that (re)starts.
 func (s *Sim) newController() {
 	s.gen++
+	// What it recovers attached needs no announcement.
+	s.unannounced = map[pair]bool{}
 	s.inf = map[string]*informer{}
 	for _, r := range resources {
 		s.inf[r] = newInformer(controller.Trim)
@@ -507,6 +514,13 @@ type recorder struct{ s *Sim }
 
 func (r *recorder) Event(obj runtimeObject, eventtype, reason, message string) {
 	r.s.stats["event "+reason]++
+	if ref, ok := obj.(*v1.ObjectReference); ok && reason == "SuccessfulAttachVolume" {
+		// AttachVolume.Attach succeeded for volume "<pv>"
+		if _, rest, ok := strings.Cut(message, `"`); ok {
+			pv, _, _ := strings.Cut(rest, `"`)
+			delete(r.s.unannounced, pair{pv, r.s.podNode[ref.Name]})
+		}
+	}
 	r.s.tracef("  event %s %s: %s", eventtype, reason, message)
 }
 
