@@ -103,16 +103,16 @@ type Sim struct {
 	unwantedSince map[pair]time.Time
 	wantedSince   map[pair]time.Time
 	podResolved   map[string]time.Time
-	// podNode: the node of every pod created (a pod's name is never reused);
-	// unannounced: the VolumeAttachments the running controller generation
-	// created and has not announced to a pod on their node (I8).
-	podNode      map[string]string
-	unannounced  map[pair]bool
 	deletedInUse map[string][]string
 	deletedNodes map[string]bool
 	// taintSeen and unhealthySeen: when each node last had the
 	// out-of-service taint, and was last not Ready or deleted.
 	taintSeen, unhealthySeen map[string]time.Time
+	// podNode: the node of every pod created (a pod's name is never reused);
+	// unannounced: the VolumeAttachments the running controller generation
+	// created and has not announced to a pod on their node (I8).
+	podNode     map[string]string
+	unannounced map[pair]bool
 }
 
 type pair struct{ pv, node string }
