@@ -103,8 +103,8 @@ type Sim struct {
 	unwantedSince map[pair]time.Time
 	wantedSince   map[pair]time.Time
 	podResolved   map[string]time.Time
-	deletedInUse map[string][]string
-	deletedNodes map[string]bool
+	deletedInUse  map[string][]string
+	deletedNodes  map[string]bool
 	// taintSeen and unhealthySeen: when each node last had the
 	// out-of-service taint, and was last not Ready or deleted.
 	taintSeen, unhealthySeen map[string]time.Time
