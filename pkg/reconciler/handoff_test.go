@@ -27,6 +27,7 @@ func TestContinuesOperation(t *testing.T) {
 		{"detach under way", Detach, cache.Attachment{State: cache.Detaching, DetachStarted: t0}, true, true},
 		{"detach of an attach never confirmed", Detach, cache.Attachment{State: cache.Uncertain}, true, true},
 		{"wait for unmount", Wait, cache.Attachment{State: cache.Attached}, true, false},
+		{"wait before the detach of an attach never confirmed", Wait, cache.Attachment{State: cache.Uncertain}, true, true},
 		{"blocked", Blocked, cache.Attachment{}, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
