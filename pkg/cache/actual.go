@@ -141,21 +141,6 @@ func NewActualState() *ActualState {
 	}
 }
 
-// Reserve sizes an empty ActualState for about volumes attachments on
-// nodes nodes: a restart's rebuild then fills its maps without growing them
-// step by step. It does nothing once anything is recorded.
-func (a *ActualState) Reserve(volumes, nodes int) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if len(a.volumes) == 0 && len(a.byAttachmentName) == 0 {
-		a.volumes = make(map[volume.Name]map[string]*Attachment, volumes)
-		a.byAttachmentName = make(map[string]Key, volumes)
-	}
-	if len(a.nodes) == 0 {
-		a.nodes = make(map[string]*nodeEntry, nodes)
-	}
-}
-
 // Get returns a copy of the attachment at k.
 func (a *ActualState) Get(k Key) (Attachment, bool) {
 	a.mu.RLock()

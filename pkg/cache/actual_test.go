@@ -529,30 +529,3 @@ func TestActualStateAnnounced(t *testing.T) {
 		t.Errorf("an attachment with an attach started must not count as announced")
 	}
 }
-
-// Reserve sizes an empty state and never drops what is recorded.
-func TestReserveKeepsWhatIsRecorded(t *testing.T) {
-	a := NewActualState()
-	a.Reserve(100, 10)
-	a.Update(k(volA, "n1"), true, func(at *Attachment) { at.State, at.AttachmentName = Attached, "va-a" })
-	a.SetNode("n1", NodeInfo{Managed: true})
-	a.Reserve(100, 10)
-	if at, ok := a.Get(k(volA, "n1")); !ok || at.State != Attached {
-		t.Errorf("after a second Reserve: %+v, %v; want the attachment kept", at, ok)
-	}
-	if key, ok := a.ByAttachmentName("va-a"); !ok || key != k(volA, "n1") {
-		t.Errorf("ByAttachmentName after a second Reserve: %v, %v", key, ok)
-	}
-	if info, ok := a.Node("n1"); !ok || !info.Managed {
-		t.Errorf("node after a second Reserve: %+v, %v", info, ok)
-	}
-
-	d := NewDesiredState()
-	d.Reserve(10, 10)
-	pod := PodRef{Namespace: "ns", Name: "p", UID: "u"}
-	d.SetPod(pod, "n1", []*volume.Spec{csiSpec("a")})
-	d.Reserve(10, 10)
-	if _, pods, ok := d.Get(k(csiSpec("a").Name, "n1")); !ok || len(pods) != 1 {
-		t.Errorf("desired after a second Reserve: %v, %v; want the pod's volume kept", pods, ok)
-	}
-}

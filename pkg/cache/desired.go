@@ -152,19 +152,6 @@ func NewDesiredState() *DesiredState {
 	}
 }
 
-// Reserve sizes an empty DesiredState for about pods pods wanting volumes
-// volumes in all: a restart's rebuild then fills its maps without growing
-// them step by step. It does nothing once anything is recorded.
-func (d *DesiredState) Reserve(pods, volumes int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if len(d.pods) == 0 && len(d.entries) == 0 && len(d.names) == 0 {
-		d.pods = make(map[string]*podWants, pods)
-		d.entries = make(map[Key]*desiredEntry, volumes)
-		d.names = make(map[volume.Name]nameUses, volumes)
-	}
-}
-
 // SetPod replaces what pod wants on node with specs (nil or empty: nothing).
 // It returns the keys whose desired state changed: each added or removed
 // volume's key, and the keys of its aliases on the node (whether an

@@ -34,12 +34,6 @@ func (c *Controller) Recover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list VolumeAttachments: %w", err)
 	}
-	// Both states are sized for the cluster at once, not grown map by map
-	// as the rebuild fills them.
-	if nodes, pods, err := c.recoverSizes(); err == nil {
-		c.actual.Reserve(len(vas), nodes)
-		c.desired.Reserve(pods, max(pods, len(vas)))
-	}
 	// In name order: a restart does the same in the same order (logs,
 	// events), whatever the order of the informers' maps.
 	slices.SortFunc(vas, func(a, b *storagev1.VolumeAttachment) int { return strings.Compare(a.Name, b.Name) })
@@ -100,19 +94,6 @@ func (c *Controller) Recover(ctx context.Context) error {
 	logger.Info("Recovered state", "attachments", len(c.actual.Keys()), "desired", len(c.desired.Keys()), "pods", len(pods), "nodes", len(nodes),
 		"duration", time.Since(start).Round(time.Millisecond))
 	return nil
-}
-
-// recoverSizes counts the nodes and pods the informers hold.
-func (c *Controller) recoverSizes() (nodes, pods int, err error) {
-	n, err := c.nodes.List(everything)
-	if err != nil {
-		return 0, 0, err
-	}
-	p, err := c.pods.List(everything)
-	if err != nil {
-		return 0, 0, err
-	}
-	return len(n), len(p), nil
 }
 
 func kindOf(name volume.Name) volume.Kind {
