@@ -143,9 +143,7 @@ func continuesOperation(d Decision) bool {
 	switch d.Action {
 	case Nothing:
 		return true
-	case Wait:
-		return d.HasAttachment && d.Attachment.State == cache.Uncertain
-	case Attach:
+	case Attach, Wait:
 		return d.HasAttachment && d.Attachment.State == cache.Uncertain
 	case Withdraw:
 		// Of an attach never confirmed: no report lists it.
