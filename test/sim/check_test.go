@@ -34,6 +34,14 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 		n.Status.VolumesAttached = []v1.AttachedVolume{{Name: v1.UniqueVolumeName(rwo0)}}
 	}
 	mounted := func(n *v1.Node) { n.Status.VolumesInUse = []v1.UniqueVolumeName{v1.UniqueVolumeName(rwo0)} }
+	// attachedByController: a pod's volume attached and listed in its node's status
+	// by an attach of the running controller, not announced yet.
+	attachedByController := func(s *Sim) {
+		s.createPod("rwo-0", nodeName(0))
+		attach(s, nodeName(0))
+		setNode(s, nodeName(0), listed)
+		s.unannounced[pair{"rwo-0", nodeName(0)}] = true
+	}
 	notReady := func(n *v1.Node) {
 		n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionFalse}}
 	}
@@ -112,17 +120,11 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			s.checkQuiet()
 		}, "I5"},
 		{"I8: quiet with an attach of this controller never announced", func(s *Sim) {
-			s.createPod("rwo-0", nodeName(0))
-			attach(s, nodeName(0))
-			setNode(s, nodeName(0), listed)
-			s.unannounced[pair{"rwo-0", nodeName(0)}] = true
+			attachedByController(s)
 			s.checkQuiet()
 		}, "I8"},
 		{"I8: none once announced to the pod", func(s *Sim) {
-			s.createPod("rwo-0", nodeName(0))
-			attach(s, nodeName(0))
-			setNode(s, nodeName(0), listed)
-			s.unannounced[pair{"rwo-0", nodeName(0)}] = true
+			attachedByController(s)
 			(&recorder{s: s}).Event(&v1.ObjectReference{Kind: "Pod", Namespace: ns, Name: "p-1"}, v1.EventTypeNormal,
 				"SuccessfulAttachVolume", `AttachVolume.Attach succeeded for volume "rwo-0" `)
 			s.checkQuiet()
