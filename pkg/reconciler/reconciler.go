@@ -315,7 +315,6 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 		if a.AttachStarted.IsZero() {
 			a.AttachStarted = now
 		}
-		defer func() { state = a.State }()
 		a.Withdrawn = false
 		a.DetachWanted = time.Time{}
 		if err != nil {
@@ -327,6 +326,7 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 			a.State = cache.Attached
 			a.DevicePath = res.DevicePath
 		}
+		state = a.State
 	})
 	if err != nil {
 		r.metrics.AttachErrors.WithLabelValues(pluginLabel(spec)).Inc()

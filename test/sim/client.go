@@ -60,19 +60,17 @@ func (c *attachmentClient) Create(ctx context.Context, va *storagev1.VolumeAttac
 		// This controller generation's attach, to be announced (I8).
 		c.s.unannounced[pair{attachmentVolume(va), va.Spec.NodeName}] = true
 	}
-	return out, c.answered(err)
+	return out, answered(c.s, err)
 }
 
 func (c *attachmentClient) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
 	c.s.yield()
-	return c.answered(c.VolumeAttachmentInterface.Delete(ctx, name, opts))
+	return answered(c.s, c.VolumeAttachmentInterface.Delete(ctx, name, opts))
 }
 
 // answered is a call's answer on its way back: the scheduler may let
 // anything happen before it arrives (the informers see the write, the
 // attacher acts on it), or the controller may die meanwhile and never get it.
-func (c *attachmentClient) answered(err error) error { return answered(c.s, err) }
-
 func answered(s *Sim, err error) error {
 	if s.current != nil && s.current.killed {
 		return errNoAnswer
