@@ -108,6 +108,8 @@ type ActualState struct {
 	byPlugin    map[string]int
 	byState     map[State]int
 	unconfirmed map[Key]*Attachment
+	// attachCalls counts the attach calls under way by node (hold.go).
+	attachCalls map[string]int
 	// handingOver: the controller is stopping gracefully (handoff.go); no
 	// detach starts any more.
 	handingOver bool
@@ -127,6 +129,10 @@ type nodeEntry struct {
 	// until a write confirms they are gone, an attachment recorded again
 	// under such a name counts as reported.
 	unrecorded map[volume.Name]bool
+	// holdSince is when a write of the node's report that only adds
+	// volumes first waited for the attaches under way (hold.go); zero when
+	// none waits.
+	holdSince time.Time
 }
 
 // NewActualState returns an empty ActualState.
@@ -138,6 +144,7 @@ func NewActualState() *ActualState {
 		byPlugin:         map[string]int{},
 		byState:          map[State]int{},
 		unconfirmed:      map[Key]*Attachment{},
+		attachCalls:      map[string]int{},
 	}
 }
 
@@ -435,6 +442,9 @@ func (a *ActualState) BeginReport(node string) (want []v1.AttachedVolume, change
 	slices.SortFunc(want, func(x, y v1.AttachedVolume) int { return strings.Compare(string(x.Name), string(y.Name)) })
 	changed = changed || n.dirty || len(n.unrecorded) > 0
 	n.writing = changed
+	if changed {
+		n.holdSince = time.Time{}
+	}
 	return want, changed
 }
 

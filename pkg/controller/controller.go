@@ -66,6 +66,10 @@ type Config struct {
 	// writers batch more per write and leave more of the API budget to
 	// attaches and detaches.
 	StatusWorkers int
+	// StatusHold is how long a node status write that only adds volumes
+	// may wait for the other attaches under way on its node, so that one
+	// write reports them together; zero: writes go at once.
+	StatusHold time.Duration
 	// SyncPeriod is the period of the sync that compares attached volumes
 	// with their VolumeAttachments; zero disables it.
 	SyncPeriod time.Duration
@@ -293,6 +297,7 @@ func New(cfg Config) (*Controller, error) {
 		volume.KindInTree: mechanism.NewInTree(cfg.InTree),
 	}, cfg.Recorder, cfg.Metrics, cfg.Reconciler)
 	c.writer = nodestatus.NewWriter(cfg.Client, c.actual, NodeInfo)
+	c.writer.Hold, c.writer.Clock = cfg.StatusHold, cfg.Clock
 	c.syncVolumeKey, c.syncNodeStatus, c.statusDiffers = c.syncVolume, c.syncStatus, c.rewriteStatus
 	if cfg.Shadow != nil {
 		c.syncVolumeKey, c.syncNodeStatus, c.statusDiffers = c.syncShadow, c.mirrorStatus, c.queueMirror

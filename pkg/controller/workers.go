@@ -68,9 +68,12 @@ func (c *Controller) worker(queue string) func(context.Context) {
 }
 
 func (c *Controller) syncStatus(ctx context.Context, node string) error {
-	keys, err := c.writer.Sync(ctx, node)
+	keys, after, err := c.writer.Sync(ctx, node)
 	for _, k := range keys {
 		c.volumeQueue.Add(k)
+	}
+	if after > 0 {
+		c.statusQueue.AddAfter(node, after)
 	}
 	return err
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 )
@@ -24,6 +26,11 @@ type Writer struct {
 	client kubernetes.Interface
 	actual *cache.ActualState
 	facts  func(*v1.Node) cache.NodeInfo
+	// Hold is how long a write that only adds volumes may wait for the
+	// other attaches under way on its node (cache.ActualState.HoldReport);
+	// zero: none waits.
+	Hold  time.Duration
+	Clock clock.PassiveClock
 }
 
 // NewWriter returns a Writer. facts reads the node facts of the Node a
@@ -31,13 +38,23 @@ type Writer struct {
 // as the write (kubelet may have mounted a volume just before a withdraw
 // landed; only that answer is sure to say so).
 func NewWriter(client kubernetes.Interface, actual *cache.ActualState, facts func(*v1.Node) cache.NodeInfo) *Writer {
-	return &Writer{client: client, actual: actual, facts: facts}
+	return &Writer{client: client, actual: actual, facts: facts, Clock: clock.RealClock{}}
 }
 
 // Sync writes the node's report if it changed. It returns the keys whose
 // reported flag changed, for the caller to re-queue (a withdrawn volume may
-// now be detached).
-func (w *Writer) Sync(ctx context.Context, node string) ([]cache.Key, error) {
+// now be detached), or, when the write waits for other attaches on the node,
+// how long until the caller syncs the node again.
+func (w *Writer) Sync(ctx context.Context, node string) (keys []cache.Key, after time.Duration, err error) {
+	if after := w.actual.HoldReport(node, w.Clock.Now(), w.Hold); after > 0 {
+		klog.FromContext(ctx).V(4).Info("Node status write waits for the attaches under way on the node", "for", after)
+		return nil, after, nil
+	}
+	keys, err = w.write(ctx, node)
+	return keys, 0, err
+}
+
+func (w *Writer) write(ctx context.Context, node string) ([]cache.Key, error) {
 	want, changed := w.actual.BeginReport(node)
 	if !changed {
 		return nil, nil

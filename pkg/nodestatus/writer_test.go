@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
@@ -154,7 +156,7 @@ func TestWriterSync(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t, tt.nodes, tt.attachments, tt.patchErr)
 			_, ctx := ktesting.NewTestContext(t)
-			keys, err := f.writer.Sync(ctx, node)
+			keys, _, err := f.writer.Sync(ctx, node)
 			gotErr := ""
 			if err != nil {
 				gotErr = err.Error()
@@ -241,11 +243,11 @@ func TestWriterRetriesFailedWrite(t *testing.T) {
 				return false, nil, nil
 			})
 			_, ctx := ktesting.NewTestContext(t)
-			if _, err := f.writer.Sync(ctx, node); err == nil {
+			if _, _, err := f.writer.Sync(ctx, node); err == nil {
 				t.Fatalf("first Sync: no error from a failed patch")
 			}
 			failing = false
-			if _, err := f.writer.Sync(ctx, node); err != nil {
+			if _, _, err := f.writer.Sync(ctx, node); err != nil {
 				t.Fatalf("second Sync: %v", err)
 			}
 			actions := f.client.Actions()
@@ -256,6 +258,60 @@ func TestWriterRetriesFailedWrite(t *testing.T) {
 				t.Errorf("second patch %s, want %s", got, tt.wantPatch)
 			}
 		})
+	}
+}
+
+// A write that only adds volumes waits for the attaches under way on the
+// node: no patch, and the time until the caller syncs the node again; then
+// one patch carries what attached meanwhile.
+func TestWriterSyncHolds(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	f := newFixture(t, []*v1.Node{{ObjectMeta: metav1.ObjectMeta{Name: node}}}, []cache.Attachment{
+		{Key: key(volA), State: cache.Attached},
+		{Key: key(volB), State: cache.Uncertain},
+	}, nil)
+	clk := clocktesting.NewFakePassiveClock(t0)
+	f.writer.Hold, f.writer.Clock = time.Second, clk
+	_, ctx := ktesting.NewTestContext(t)
+
+	keys, after, err := f.writer.Sync(ctx, node)
+	if err != nil || len(keys) != 0 || after != time.Second {
+		t.Fatalf("Sync = %v, %v, %v; want no keys, 1s, no error", keys, after, err)
+	}
+	if actions := f.client.Actions(); len(actions) != 0 {
+		t.Fatalf("API calls %v while the write waits, want none", actions)
+	}
+	clk.SetTime(t0.Add(400 * time.Millisecond))
+	f.actual.Update(key(volB), false, func(a *cache.Attachment) { a.State = cache.Attached })
+	keys, after, err = f.writer.Sync(ctx, node)
+	if err != nil || after != 0 {
+		t.Fatalf("Sync once nothing is under way = %v, %v; want a write", after, err)
+	}
+	if !reflect.DeepEqual(sortKeys(keys), []cache.Key{key(volA), key(volB)}) {
+		t.Errorf("keys %v, want both volumes (now reported)", keys)
+	}
+	actions := f.client.Actions()
+	if len(actions) != 1 {
+		t.Fatalf("API calls %v, want one patch", actions)
+	}
+	want := `{"status":{"volumesAttached":[{"name":"kubernetes.io/csi/d.example.com^a","devicePath":""},{"name":"kubernetes.io/csi/d.example.com^b","devicePath":""}]}}`
+	if got := string(actions[0].(k8stesting.PatchAction).GetPatch()); got != want {
+		t.Errorf("patch %s, want %s", got, want)
+	}
+
+	// An attach that never completes holds a write for Hold at most.
+	volE := volume.Name("kubernetes.io/csi/d.example.com^e")
+	f.actual.Update(key(volC), true, func(a *cache.Attachment) { a.State = cache.Uncertain })
+	f.actual.Update(key(volE), true, func(a *cache.Attachment) { a.State = cache.Attached })
+	if _, after, _ := f.writer.Sync(ctx, node); after != time.Second {
+		t.Fatalf("Sync with %s attached and %s under way: wait %v, want 1s", volE, volC, after)
+	}
+	clk.SetTime(t0.Add(1400 * time.Millisecond))
+	if _, after, err := f.writer.Sync(ctx, node); after != 0 || err != nil {
+		t.Fatalf("Sync after the wait = %v, %v; want a write", after, err)
+	}
+	if n := len(f.client.Actions()); n != 2 {
+		t.Errorf("%d API calls, want 2 patches", n)
 	}
 }
 

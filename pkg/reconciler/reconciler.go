@@ -294,6 +294,11 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 	if !ok {
 		return Result{}, fmt.Errorf("no mechanism attaches volumes of kind %q", spec.Kind)
 	}
+	// A node status write that waits for the attaches under way on the
+	// node (cache.ActualState.HoldReport) waits for this call too, until
+	// its outcome is on record; its end queues the write, which may have
+	// nothing left to wait for.
+	r.actual.StartAttach(d.Key.Node)
 	res, err := mech.Attach(ctx, spec, d.Key.Node)
 	// A mechanism sure it attached nothing (no attacher for the volume)
 	// records nothing: an uncertain attachment would hold a single-node
@@ -328,6 +333,7 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 		}
 		state = a.State
 	})
+	held := r.actual.EndAttach(d.Key.Node)
 	if err != nil {
 		r.metrics.AttachErrors.WithLabelValues(pluginLabel(spec)).Inc()
 		var took time.Duration
@@ -337,11 +343,11 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 		r.metrics.ObserveOperation(pluginLabel(spec), metrics.OperationAttach, spec.Migrated, false, took)
 		r.warnOnce(d, "FailedAttachVolume", sameFor(fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", displayName(spec), err)))
 		// The worker retries with backoff; an *AttachError stays wrapped.
-		return Result{}, fmt.Errorf("attach %s to node %s: %w", d.Key.Volume, d.Key.Node, err)
+		return Result{WriteNodeStatus: held}, fmt.Errorf("attach %s to node %s: %w", d.Key.Volume, d.Key.Node, err)
 	}
 	if !res.Attached && state != cache.Attached {
 		logger.V(2).Info("Attach started", "attachment", res.AttachmentName)
-		return Result{}, nil
+		return Result{WriteNodeStatus: held}, nil
 	}
 	a, _ := r.actual.Get(d.Key)
 	d.Attachment, d.HasAttachment = a, true

@@ -957,3 +957,46 @@ func TestSyncingCountsSyncsUnderWay(t *testing.T) {
 		t.Errorf("Syncing: %d during the attach call, %d after; want 1 and 0", during, e.r.Syncing())
 	}
 }
+
+// A node status write that only adds volumes waits for an attach call under
+// way on the node, and the call's end queues it: the call may end with
+// nothing to report (here: nothing attached) and nothing else to queue the
+// write before its time is up.
+func TestAttachCallHoldsNodeStatus(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		reply     attachReply
+		wantErr   bool
+		wantAfter time.Duration // HoldReport once the call ended
+	}{
+		{name: "nothing attached", reply: attachReply{err: &NotAttachedError{Err: errors.New("no attacher")}}, wantErr: true},
+		{name: "attach failed", reply: attachReply{err: errors.New("refused")}, wantErr: true},
+		// Under way until its VolumeAttachment is attached, whose informer
+		// queues the write then.
+		{name: "attach started", reply: attachReply{res: AttachResult{AttachmentName: "csi-a"}}, wantAfter: 900 * time.Millisecond},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, Config{MaxWaitForUnmount: 6 * time.Minute})
+			e.actual.SetNode(node1, cache.NodeInfo{Managed: true, Ready: true})
+			// B is attached and not in node status yet.
+			e.actual.Update(key(specB, node1), true, func(a *cache.Attachment) { a.State, a.Spec = cache.Attached, specB })
+			e.desired.SetPod(podA, node1, []*volume.Spec{specA})
+			e.attach[specA.Name] = tt.reply
+			var during time.Duration
+			e.r.mechanisms[volume.KindCSI].(*fakeMechanism).during = func() { during = e.actual.HoldReport(node1, t0, time.Second) }
+			res, err := e.r.Sync(context.Background(), key(specA, node1))
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("Sync error %v, want one: %v", err, tt.wantErr)
+			}
+			if during != time.Second {
+				t.Errorf("HoldReport during the attach call = %v, want 1s", during)
+			}
+			if !res.WriteNodeStatus {
+				t.Errorf("result %+v: the end of the call does not queue the write that waits for it", res)
+			}
+			if got := e.actual.HoldReport(node1, t0.Add(100*time.Millisecond), time.Second); got != tt.wantAfter {
+				t.Errorf("HoldReport after the call = %v, want %v", got, tt.wantAfter)
+			}
+		})
+	}
+}

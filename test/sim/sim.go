@@ -191,6 +191,9 @@ func (s *Sim) newController() {
 		InTree:        intree.NewRegistry(&iscsiPlugin{s: s}),
 		Workers:       s.cfg.Workers,
 		StatusWorkers: 2,
+		// As the command runs it: a write that only adds volumes waits
+		// for the node's other attaches under way.
+		StatusHold: time.Second,
 		Informers: &controller.Informers{Pods: s.inf[rPods], PVCs: s.inf[rPVCs], PVs: s.inf[rPVs], Nodes: s.inf[rNodes],
 			CSINodes: s.inf[rCSINodes], CSIDrivers: s.inf[rCSIDrivers], VolumeAttachments: s.inf[rAttachments]},
 		Clock: s.clock,

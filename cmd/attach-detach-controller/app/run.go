@@ -275,6 +275,7 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 		Shadow:        tracker,
 		Workers:       o.Workers,
 		StatusWorkers: statusWorkers(o.QPS),
+		StatusHold:    statusHold,
 		SyncPeriod:    syncPeriod(o),
 		// With a graceful stop (stop done, ctx not), the controller hands
 		// its volumes over for up to this long.
@@ -543,6 +544,13 @@ func leaderOnly(current *atomic.Pointer[controller.Controller],
 		h(c, w, r)
 	}
 }
+
+// statusHold is how long a node status write that only adds volumes waits
+// for the other attaches under way on its node, so that one write reports
+// them together (a node's pods are often scheduled together): about the
+// time a node's attaches take to complete at the default API budget, and
+// short beside the time kubelet takes to mount what it reports.
+const statusHold = time.Second
 
 // statusWorkers is how many node status writers run: one per
 // statusQPSPerWorker of the API budget, 1 to 10. A write carries every change
