@@ -3,8 +3,6 @@ package cache
 import (
 	"testing"
 	"time"
-
-	v1 "k8s.io/api/core/v1"
 )
 
 func TestHoldReport(t *testing.T) {
@@ -102,16 +100,32 @@ func TestHoldReportLimit(t *testing.T) {
 		t.Error("EndAttach = true once the wait is over, want false")
 	}
 
+	// A withdrawal during a wait ends it: written at once.
+	a.StartAttach("n1")
+	if got := a.HoldReport("n1", t0.Add(2*time.Second), limit); got != limit {
+		t.Fatalf("HoldReport of a new wait = %v, want %v", got, limit)
+	}
+	a.Update(k(volB, "n1"), true, set(Attachment{State: Attached, Reported: true, Withdrawn: true}))
+	if got := a.HoldReport("n1", t0.Add(2100*time.Millisecond), limit); got != 0 {
+		t.Errorf("HoldReport with a withdrawal = %v, want 0", got)
+	}
+	if a.EndAttach("n1") {
+		t.Error("EndAttach = true after a withdrawal ended the wait, want false")
+	}
+	// Wanted again: reported, nothing to remove.
+	a.Update(k(volB, "n1"), false, set(Attachment{State: Attached, Reported: true}))
+
 	// A new wait starts from its own first time; a write ends it.
 	a.StartAttach("n1")
 	t1 := t0.Add(5 * time.Second)
 	if got := a.HoldReport("n1", t1, limit); got != limit {
 		t.Errorf("HoldReport of a new wait = %v, want %v", got, limit)
 	}
-	if want, changed := a.BeginReport("n1"); !changed || len(want) != 1 {
-		t.Fatalf("BeginReport = %v, %v; want a write of %s", want, changed, volA)
+	want, changed := a.BeginReport("n1")
+	if !changed || len(want) != 2 {
+		t.Fatalf("BeginReport = %v, %v; want a write of %s and %s", want, changed, volA, volB)
 	}
-	a.EndReport("n1", []v1.AttachedVolume{av(volA, "")}, true)
+	a.EndReport("n1", want, true)
 	if a.EndAttach("n1") {
 		t.Error("EndAttach = true after a write, want false")
 	}

@@ -310,8 +310,13 @@ func TestWriterSyncHolds(t *testing.T) {
 	if _, after, err := f.writer.Sync(ctx, node); after != 0 || err != nil {
 		t.Fatalf("Sync after the wait = %v, %v; want a write", after, err)
 	}
-	if n := len(f.client.Actions()); n != 2 {
-		t.Errorf("%d API calls, want 2 patches", n)
+	actions = f.client.Actions()
+	if len(actions) != 2 {
+		t.Fatalf("API calls %v, want 2 patches", actions)
+	}
+	want = `{"status":{"volumesAttached":[{"name":"kubernetes.io/csi/d.example.com^a","devicePath":""},{"name":"kubernetes.io/csi/d.example.com^b","devicePath":""},{"name":"kubernetes.io/csi/d.example.com^e","devicePath":""}]}}`
+	if got := string(actions[1].(k8stesting.PatchAction).GetPatch()); got != want {
+		t.Errorf("patch %s, want %s (not %s, still under way)", got, want, volC)
 	}
 }
 
