@@ -27,6 +27,10 @@ type DesiredState struct {
 	// scrape reads two numbers instead of every entry.
 	byPlugin map[string]int
 	pending  int
+	// partial: not every pod has been read since the controller started
+	// (SetPartial), so a volume no pod wants here may yet be wanted by a
+	// pod not read so far.
+	partial bool
 }
 
 type podWants struct {
@@ -150,6 +154,21 @@ func NewDesiredState() *DesiredState {
 		names:    map[volume.Name]nameUses{},
 		byPlugin: map[string]int{},
 	}
+}
+
+// SetPartial says whether pods remain to be read since the controller
+// started: while they do, no attachment may be taken as unwanted.
+func (d *DesiredState) SetPartial(partial bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.partial = partial
+}
+
+// Partial reports whether pods remain to be read (SetPartial).
+func (d *DesiredState) Partial() bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.partial
 }
 
 // SetPod replaces what pod wants on node with specs (nil or empty: nothing).

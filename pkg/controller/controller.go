@@ -227,6 +227,10 @@ type Controller struct {
 	// VolumeAttachments, node status): a handoff is done only when they
 	// are all processed.
 	observing atomic.Int64
+	// podsReadLater: the actual state is being rebuilt (BeginRecovery) and
+	// every pod is read afterwards, so a node's sync needn't queue its pods.
+	// Only set and cleared before the workers start.
+	podsReadLater bool
 }
 
 // New wires a Controller. Nothing runs until Run.
@@ -409,11 +413,29 @@ func (c *Controller) RunGraceful(ctx, stop context.Context, onReady func()) erro
 		c.nodeInfos.start(ctx, time.Minute)
 		defer c.nodeInfos.stopInformer()
 	}
-	recovered, err := c.RecoverHeld(ctx)
+	recovery, err := c.BeginRecovery(ctx)
 	if err != nil {
 		return err
 	}
 	var wg sync.WaitGroup
+	run := func(n int, worker func(context.Context)) {
+		for range n {
+			wg.Go(func() { wait.UntilWithContext(ctx, worker, time.Second) })
+		}
+	}
+	// The pods are read while every other worker runs: a pod created
+	// meanwhile is attached without waiting for the rest (Recovery).
+	run(2, c.worker(QueueNodes))
+	run(2, c.worker(QueueVolumeAttachments))
+	run(c.cfg.Workers, c.worker(QueueVolumes))
+	run(c.cfg.StatusWorkers, c.worker(QueueNodeStatus))
+	if err := c.readPods(ctx, recovery); err != nil || ctx.Err() != nil {
+		c.shutdownQueues()
+		cancel()
+		wg.Wait()
+		return err
+	}
+	recovered := recovery.Finish(ctx)
 	wg.Go(func() {
 		start := time.Now()
 		tick := time.NewTicker(recoveryFeedInterval)
@@ -421,16 +443,7 @@ func (c *Controller) RunGraceful(ctx, stop context.Context, onReady func()) erro
 		feedRecovered(ctx, c.volumeQueue, recovered, recoveryFeedDepth, tick.C)
 		logger.V(2).Info("Every recovered volume queued", "volumes", len(recovered), "duration", time.Since(start).Round(time.Millisecond))
 	})
-	run := func(n int, worker func(context.Context)) {
-		for range n {
-			wg.Go(func() { wait.UntilWithContext(ctx, worker, time.Second) })
-		}
-	}
 	run(2, c.worker(QueuePods))
-	run(2, c.worker(QueueNodes))
-	run(2, c.worker(QueueVolumeAttachments))
-	run(c.cfg.Workers, c.worker(QueueVolumes))
-	run(c.cfg.StatusWorkers, c.worker(QueueNodeStatus))
 	if c.cfg.SyncPeriod > 0 {
 		wg.Go(func() { wait.UntilWithContext(ctx, c.Resync, c.cfg.SyncPeriod) })
 	}

@@ -35,7 +35,9 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 			return nil
 		}
 		c.touch(c.actual.DeleteNode(name)...)
-		c.enqueueNodePods(name)
+		if !c.podsReadLater {
+			c.enqueueNodePods(name)
+		}
 		return nil
 	}
 	if err != nil {
@@ -47,7 +49,7 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	}
 	info := NodeInfo(node)
 	touched := c.actual.SetNode(name, info)
-	if !known || !old.Exists || old.Managed != info.Managed || last != nil {
+	if (!known || !old.Exists || old.Managed != info.Managed || last != nil) && !c.podsReadLater {
 		// Its pods were synced while the node was unknown, gone (a delete
 		// and a create may reach this sync as one) or unmanaged.
 		c.enqueueNodePods(name)

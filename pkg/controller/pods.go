@@ -22,29 +22,34 @@ const managedAnnotation = "volumes.kubernetes.io/controller-managed-attach-detac
 // its node. A pod that is gone, unscheduled, terminated or on a node the
 // controller does not manage needs nothing.
 func (c *Controller) syncPod(ctx context.Context, key string) error {
+	touched, err := c.readPod(ctx, key)
+	c.touch(touched...)
+	return err
+}
+
+// readPod brings what the pod at key wants into the desired state and
+// returns the keys that changed, for the caller to queue.
+func (c *Controller) readPod(ctx context.Context, key string) ([]cache.Key, error) {
 	ns, name, err := toolscache.SplitMetaNamespaceKey(key)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	pod, err := c.pods.Pods(ns).Get(name)
 	if apierrors.IsNotFound(err) {
 		c.forgetProblems(key)
-		c.touch(c.desired.DeletePod(key)...)
-		return nil
+		return c.desired.DeletePod(key), nil
 	}
 	if err != nil {
-		return fmt.Errorf("get pod %s: %w", key, err)
+		return nil, fmt.Errorf("get pod %s: %w", key, err)
 	}
 	ref := cache.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)}
 	if !c.needsAttach(pod) {
-		c.touch(c.desired.SetPod(ref, pod.Spec.NodeName, nil)...)
-		return nil
+		return c.desired.SetPod(ref, pod.Spec.NodeName, nil), nil
 	}
 	vols := c.podVolumes(ctx, pod)
 	touched := c.desired.SetPodVolumes(ref, pod.Spec.NodeName, vols)
 	c.countDecisions(vols, touched)
-	c.touch(touched...)
-	return nil
+	return touched, nil
 }
 
 func (c *Controller) needsAttach(pod *v1.Pod) bool {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -26,26 +27,85 @@ var everything = labels.Everything()
 // runs: attachments from VolumeAttachments and node.status.volumesAttached,
 // then every pod's wants. Only then can "not desired" be trusted, so a
 // restart never detaches a volume still in use, and a pod deleted while the
-// controller was down is detached right away.
+// controller was down is detached right away. It queues every known key.
 func (c *Controller) Recover(ctx context.Context) error {
-	logger := klog.FromContext(ctx)
-	start := time.Now()
+	keys, err := c.RecoverHeld(ctx)
+	for _, k := range keys {
+		c.volumeQueue.Add(k)
+	}
+	return err
+}
+
+// RecoverHeld is Recover with the volume keys held back: they are returned
+// for the caller to queue (Run: feedRecovered), the keys with something to
+// do first (settledLast). Only before the workers start.
+func (c *Controller) RecoverHeld(ctx context.Context) ([]cache.Key, error) {
+	r, err := c.BeginRecovery(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		more, err := r.Step(ctx, math.MaxInt)
+		if err != nil {
+			return nil, err
+		}
+		if !more {
+			return r.Finish(ctx), nil
+		}
+	}
+}
+
+// Recovery is a restart's rebuild of both states from the synced informers,
+// in three parts. BeginRecovery rebuilds the actual state before any worker
+// runs. Step then reads the pods a few at a time while the workers run
+// (Run: all but the pods' workers; the caller processes the pod queue
+// between steps, so that one goroutine alone reads pods), and a new pod's
+// volume is attached meanwhile, with the actual state complete: a
+// single-node volume attached elsewhere stays blocked. Until Finish, the
+// desired state is partial (DesiredState.SetPartial): no volume is taken
+// as unwanted, so none is withdrawn or detached, for it may be a pod's not
+// read yet. Finish returns every known key for one look, with detaches
+// allowed again.
+type Recovery struct {
+	c *Controller
+	// pods are the keys of the pods left to read, in name order.
+	pods  []string
+	held  *heldKeys
+	nodes int
+	read  int
+	start time.Time
+}
+
+// BeginRecovery rebuilds the actual state: attachments from
+// VolumeAttachments and node.status.volumesAttached. Only before the
+// workers start; the volume keys it touches are held for Finish.
+func (c *Controller) BeginRecovery(ctx context.Context) (*Recovery, error) {
+	queue := c.volumeQueue
+	r := &Recovery{c: c, held: &heldKeys{TypedRateLimitingInterface: queue, seen: sets.New[cache.Key]()}, start: time.Now()}
+	c.desired.SetPartial(true)
+	c.volumeQueue = r.held
+	c.podsReadLater = true
+	defer func() {
+		c.volumeQueue = queue
+		c.podsReadLater = false
+	}()
 	vas, err := c.attachments.List(everything)
 	if err != nil {
-		return fmt.Errorf("list VolumeAttachments: %w", err)
+		return nil, fmt.Errorf("list VolumeAttachments: %w", err)
 	}
 	// In name order: a restart does the same in the same order (logs,
 	// events), whatever the order of the informers' maps.
 	slices.SortFunc(vas, func(a, b *storagev1.VolumeAttachment) int { return strings.Compare(a.Name, b.Name) })
 	for _, va := range vas {
 		if err := c.syncAttachment(ctx, va.Name); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	nodes, err := c.nodes.List(everything)
 	if err != nil {
-		return fmt.Errorf("list nodes: %w", err)
+		return nil, fmt.Errorf("list nodes: %w", err)
 	}
+	r.nodes = len(nodes)
 	slices.SortFunc(nodes, func(a, b *v1.Node) int { return strings.Compare(a.Name, b.Name) })
 	for _, node := range nodes {
 		for _, av := range node.Status.VolumesAttached {
@@ -65,35 +125,106 @@ func (c *Controller) Recover(ctx context.Context) error {
 				// attached again if wanted, else taken out of the report.
 			})
 		}
+		// Its pods are read after (Step): syncNode doesn't queue them.
 		if err := c.syncNode(ctx, node.Name); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	pods, err := c.pods.List(everything)
 	if err != nil {
-		return fmt.Errorf("list pods: %w", err)
+		return nil, fmt.Errorf("list pods: %w", err)
 	}
 	slices.SortFunc(pods, func(a, b *v1.Pod) int {
 		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
 	})
-	for _, p := range pods {
-		if err := c.syncPod(ctx, p.Namespace+"/"+p.Name); err != nil {
-			return err
+	r.pods = make([]string, len(pods))
+	for i, p := range pods {
+		r.pods[i] = p.Namespace + "/" + p.Name
+	}
+	klog.FromContext(ctx).Info("Recovered the actual state", "attachments", len(c.actual.Keys()), "nodes", len(nodes),
+		"duration", time.Since(r.start).Round(time.Millisecond))
+	return r, nil
+}
+
+// Step reads up to n of the pods left; it reports whether any remain. A pod
+// changed or deleted since the list is read as it is now (its event, queued
+// meanwhile, reads it again). A volume a pod wants that is not attached and
+// reported yet (a pod created while the controller was down, or during its
+// start) is queued at once: its attach needs no other pod read. Every other
+// key it changes gets its look from Finish.
+func (r *Recovery) Step(ctx context.Context, n int) (bool, error) {
+	c := r.c
+	n = min(n, len(r.pods))
+	for _, key := range r.pods[:n] {
+		touched, err := c.readPod(ctx, key)
+		if err != nil {
+			return false, err
+		}
+		for _, k := range touched {
+			if a, ok := c.actual.Get(k); c.desired.Wanted(k) && (!ok || a.State != cache.Attached || !a.Reported) {
+				c.volumeQueue.Add(k)
+			}
 		}
 	}
-	// Every known key gets one look, whether or not it changed, and every
-	// node with one a status look. touch would also queue each key's
-	// volume on every node and under every name: keys both states hold,
-	// queued here anyway.
+	r.pods = r.pods[n:]
+	r.read += n
+	return len(r.pods) > 0, nil
+}
+
+// Finish ends the recovery once every pod is read: the desired state is
+// complete, and every known key is returned for one look (settledLast
+// orders them), whether or not it changed, and every node with one gets a
+// status look. touch would also queue each key's volume on every node and
+// under every name: keys both states hold, returned anyway.
+func (r *Recovery) Finish(ctx context.Context) []cache.Key {
+	c := r.c
 	for _, keys := range [][]cache.Key{c.actual.Keys(), c.desired.Keys()} {
 		for _, k := range keys {
-			c.volumeQueue.Add(k)
+			r.held.Add(k)
 			c.statusQueue.Add(k.Node)
 		}
 	}
-	logger.Info("Recovered state", "attachments", len(c.actual.Keys()), "desired", len(c.desired.Keys()), "pods", len(pods), "nodes", len(nodes),
-		"duration", time.Since(start).Round(time.Millisecond))
+	c.desired.SetPartial(false)
+	klog.FromContext(ctx).Info("Recovered state", "attachments", len(c.actual.Keys()), "desired", len(c.desired.Keys()), "pods", r.read, "nodes", r.nodes,
+		"duration", time.Since(r.start).Round(time.Millisecond))
+	return c.settledLast(r.held.keys)
+}
+
+// recoveryStep is how many pods Run reads between two looks at the pod
+// queue: an event waits behind at most that many (a few milliseconds).
+const recoveryStep = 128
+
+// readPods reads every pod of the recovery, and between steps processes
+// the pod queue (its workers start after): one goroutine alone reads pods,
+// so a pod's event never runs beside its read. It stops early, with no
+// error, when ctx is done.
+func (c *Controller) readPods(ctx context.Context, r *Recovery) error {
+	for ctx.Err() == nil {
+		more, err := r.Step(ctx, recoveryStep)
+		if err != nil {
+			return err
+		}
+		for c.podQueue.Len() > 0 && c.Process(ctx, QueuePods) {
+		}
+		if !more {
+			return nil
+		}
+	}
 	return nil
+}
+
+// heldKeys is a volume queue whose Add only records the key.
+type heldKeys struct {
+	workqueue.TypedRateLimitingInterface[cache.Key]
+	keys []cache.Key
+	seen sets.Set[cache.Key]
+}
+
+func (h *heldKeys) Add(k cache.Key) {
+	if !h.seen.Has(k) {
+		h.seen.Insert(k)
+		h.keys = append(h.keys, k)
+	}
 }
 
 func kindOf(name volume.Name) volume.Kind {
@@ -112,22 +243,6 @@ const (
 	recoveryFeedDepth    = 256
 	recoveryFeedInterval = 5 * time.Millisecond
 )
-
-// RecoverHeld is Recover with the volume keys it queues held back: they
-// are returned for the caller to queue (Run: feedRecovered), the keys with
-// something to do first (settledLast), each part in the order Recover queued
-// them. Only before the workers start: nothing else adds to the volume queue
-// then.
-func (c *Controller) RecoverHeld(ctx context.Context) ([]cache.Key, error) {
-	queue := c.volumeQueue
-	held := &heldKeys{TypedRateLimitingInterface: queue, seen: sets.New[cache.Key]()}
-	c.volumeQueue = held
-	defer func() { c.volumeQueue = queue }()
-	if err := c.Recover(ctx); err != nil {
-		return held.keys, err
-	}
-	return c.settledLast(held.keys), nil
-}
 
 // settledLast orders keys for the feed after a restart: first those whose
 // look may lead to a write (a volume a pod created while the controller was
@@ -150,20 +265,6 @@ func (c *Controller) settledLast(keys []cache.Key) []cache.Key {
 	}
 	copy(keys[n:], settled)
 	return keys
-}
-
-// heldKeys is a volume queue whose Add only records the key.
-type heldKeys struct {
-	workqueue.TypedRateLimitingInterface[cache.Key]
-	keys []cache.Key
-	seen sets.Set[cache.Key]
-}
-
-func (h *heldKeys) Add(k cache.Key) {
-	if !h.seen.Has(k) {
-		h.seen.Insert(k)
-		h.keys = append(h.keys, k)
-	}
 }
 
 // feedRecovered adds keys to queue whenever it holds fewer than depth items,

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -109,17 +110,99 @@ func TestRecover(t *testing.T) {
 			}
 			checkList(t, "actual state after RecoverHeld", f.actualState(), tc.wantActual)
 			checkList(t, "desired state after RecoverHeld", f.desiredState(), tc.wantDesired)
-			if pending := f.volumes.pending(); len(pending) != 0 {
-				t.Errorf("volume keys queued by RecoverHeld: %v, want every one held back", pending)
+			// Queued at once: only a volume a pod wants that is not
+			// attached and reported yet.
+			pending := f.volumes.pending()
+			for _, k := range pending {
+				if a, ok := f.c.actual.Get(k); !f.c.desired.Wanted(k) || (ok && a.State == cache.Attached && a.Reported) {
+					t.Errorf("volume key %v queued by RecoverHeld, want it held back", k)
+				}
 			}
 			if len(tc.wantWrites) > 0 && len(held) == 0 {
 				t.Fatal("RecoverHeld held back no key, and the workers have writes to make")
 			}
-			feedRecovered(f.ctx, f.volumes, held, len(held), nil)
+			feedRecovered(f.ctx, f.volumes, held, len(held)+len(pending), nil)
 			f.drain()
 			checkList(t, "API writes of the workers", f.writes(), tc.wantWrites)
 		})
 	}
+}
+
+// While a restart reads the pods, the workers run: a pod created meanwhile
+// has its volume attached, and a volume whose pod is not read yet, or that
+// no pod wants, is neither withdrawn nor detached until every pod is read.
+func TestRecoveryReadsPodsWhileWorkersRun(t *testing.T) {
+	ck := func(h string) cache.Key { return cache.Key{Volume: volume.CSIName(driver, h), Node: "node-1"} }
+	kept, orphan, fresh := ck("h1"), ck("h2"), ck("h3")
+	objs := []runtime.Object{
+		// Listed, not mounted: nothing but the unread pod keeps h1 attached.
+		node("node-1", listsAttached(csiName("h1"), csiName("h2"))),
+		csiPV("claim-a", "h1"), claim("claim-a"), va("claim-a", "h1", "node-1"), pod("pod-a", "node-1", "claim-a"),
+		csiPV("claim-b", "h2"), va("claim-b", "h2", "node-1"),
+		// Created while the controller was down.
+		csiPV("claim-d", "h4"), claim("claim-d"), pod("pod-d", "node-1", "claim-d"),
+	}
+	f := newFixture(t, objs...)
+	r, err := f.c.BeginRecovery(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := f.queued(QueuePods); len(q) != 0 {
+		t.Errorf("pods queued by the rebuild of the actual state: %v, want none (every pod is read after)", q)
+	}
+	// Before any pod is read: a pod is created, its event processed.
+	objs = append(objs, csiPV("claim-c", "h3"), claim("claim-c"), pod("pod-c", "node-1", "claim-c"))
+	f.load(objs...)
+	if err := f.c.syncPod(f.ctx, "default/pod-c"); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []cache.Key{kept, orphan} {
+		f.volumes.Add(k)
+	}
+	f.drain()
+	checkList(t, "API writes while pods are read", f.writes(), []string{
+		"create volumeattachments " + volume.AttachmentName("h3", driver, "node-1")})
+	for _, k := range []cache.Key{kept, orphan} {
+		a, _ := f.c.actual.Get(k)
+		if a.Withdrawn || !a.DetachWanted.IsZero() {
+			t.Errorf("%v while pods are read: withdrawn %v, detach wanted since %v; want neither", k, a.Withdrawn, a.DetachWanted)
+		}
+		if d := f.c.reconciler.Decide(k, epoch); d.Action != "wait" || !strings.Contains(d.Reason, "reading every pod") {
+			t.Errorf("%v while pods are read: %v, want a wait for the pods", k, d)
+		}
+	}
+	// Its VolumeAttachment, as the informer delivers it.
+	f.load(append(objs, va("claim-c", "h3", "node-1", notAttached))...)
+	if err := f.c.syncAttachment(f.ctx, volume.AttachmentName("h3", driver, "node-1")); err != nil {
+		t.Fatal(err)
+	}
+	f.reset()
+	for more := true; more; {
+		if more, err = r.Step(f.ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Read, the pod created while the controller was down has its volume
+	// queued at once; the others wait for Finish.
+	if got := f.volumes.pending(); fmt.Sprint(got) != fmt.Sprint([]cache.Key{ck("h4")}) {
+		t.Errorf("volume keys queued as the pods are read: %v, want only %v", got, ck("h4"))
+	}
+	f.drain()
+	checkList(t, "API writes as the pods are read", f.writes(), []string{
+		"create volumeattachments " + volume.AttachmentName("h4", driver, "node-1")})
+	f.load(append(objs, va("claim-c", "h3", "node-1", notAttached), va("claim-d", "h4", "node-1", notAttached))...)
+	if err := f.c.syncAttachment(f.ctx, volume.AttachmentName("h4", driver, "node-1")); err != nil {
+		t.Fatal(err)
+	}
+	f.reset()
+	held := r.Finish(f.ctx)
+	if !slices.Contains(held, fresh) || !slices.Contains(held, kept) || !slices.Contains(held, orphan) {
+		t.Errorf("keys for a look after the pods: %v, want %v, %v and %v among them", held, kept, orphan, fresh)
+	}
+	feedRecovered(f.ctx, f.volumes, held, len(held), nil)
+	f.drain()
+	checkList(t, "API writes once every pod is read", f.writes(), []string{
+		"patch nodes/status node-1", "delete volumeattachments " + volume.AttachmentName("h2", driver, "node-1")})
 }
 
 // Recover reads the pods in name order, whatever the order of the lister:

@@ -55,6 +55,9 @@ type Decision struct {
 	HasAttachment bool
 	// Elsewhere lists the other nodes holding a single-node volume.
 	Elsewhere []cache.Key
+	// Unread, with Wait: the volume is not known to be unwanted yet, pods
+	// remain to be read after a restart (DesiredState.Partial).
+	Unread bool
 }
 
 func (d Decision) String() string {
@@ -128,6 +131,11 @@ func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time
 	}
 	if r.desired.Wanted(k) {
 		return d.with(Nothing, "wanted under another name by a pod on node %s", k.Node)
+	}
+	if d.Attachment.State != cache.Detaching && r.desired.Partial() {
+		// Every key gets a look once the last pod is read (Recovery.Finish).
+		d.Unread = true
+		return d.with(Wait, "reading every pod after the controller started before deciding no pod on node %s wants it", k.Node)
 	}
 	if d.Attachment.State == cache.Detaching {
 		if d.Attachment.DetachError != "" {

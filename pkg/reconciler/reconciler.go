@@ -237,7 +237,9 @@ func (r *Reconciler) act(ctx context.Context, d Decision, now time.Time, again b
 		r.warnOnce(d, "FailedAttachVolume", sameFor(fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", displayName(d.Spec), d.Spec.Pending)))
 		return Result{}, fmt.Errorf("volume %s on node %s: %s", k.Volume, k.Node, d.Reason)
 	case Wait:
-		r.markDetachWanted(d, now)
+		if !d.Unread {
+			r.markDetachWanted(d, now)
+		}
 		return Result{RequeueAfter: d.After}, nil
 	case Withdraw:
 		r.actual.Update(k, false, func(a *cache.Attachment) {

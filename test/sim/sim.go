@@ -94,9 +94,11 @@ type Sim struct {
 	vols   []simVolume
 	intree map[string]map[string]bool // node -> in-tree unique names attached
 	podSeq int
-	// volumeQueue is the controller's volume queue; recovered, the keys its
-	// recovery held back and not yet queued.
+	// volumeQueue is the controller's volume queue; recovery, the rebuild
+	// still reading pods (nil once done); recovered, the keys it held back
+	// and not yet queued.
 	volumeQueue *queue[cache.Key]
+	recovery    *controller.Recovery
 	recovered   []cache.Key
 	// unwantedSince: since when no live pod wants the volume on the node;
 	// deletedInUse: what a node had mounted when its object was deleted.
@@ -220,14 +222,36 @@ func (s *Sim) newController() {
 			s.inf[r].deliver(event{typ: added, obj: o, initial: true})
 		}
 	}
-	// As Run does: the volume keys recovery found are held back and fed to
-	// the queue a few at a time (feedRecovered), events meanwhile.
-	held, err := c.RecoverHeld(s.ctx)
+	// As Run does: the actual state is rebuilt at once, then the pods are
+	// read a few at a time (readPods) while every worker but the pods' runs;
+	// one pod worker stands for Run's processing of the pod queue between
+	// two steps. Then the volume keys recovery found are fed to the queue a
+	// few at a time (feedRecovered), events meanwhile.
+	rec, err := c.BeginRecovery(s.ctx)
 	if err != nil {
 		panic(err)
 	}
-	s.recovered = held
-	s.tracef("controller generation %d started, %d recovered volume keys to queue", s.gen, len(held))
+	s.recovery = rec
+	s.recovered = nil
+	s.workers[controller.QueuePods] = 1
+	s.tracef("controller generation %d started, reading pods", s.gen)
+}
+
+// readPods reads the next 1 to 4 pods of the recovery; after the last, the
+// recovery ends and its keys are fed from then on.
+func (s *Sim) readPods() {
+	more, err := s.recovery.Step(s.ctx, 1+s.rng.Intn(4))
+	if err != nil {
+		panic(err)
+	}
+	if more {
+		s.tracef("read pods")
+		return
+	}
+	s.recovered = s.recovery.Finish(s.ctx)
+	s.recovery = nil
+	s.workers[controller.QueuePods] = 2
+	s.tracef("every pod read, %d recovered volume keys to queue", len(s.recovered))
 }
 
 // kill stops the controller as SIGKILL does: calls in flight get no answer.
@@ -334,6 +358,9 @@ func (s *Sim) act(chaos bool) (progress bool) {
 	if len(s.paused) > 0 {
 		add(5, "resume", func() { s.resumeAt(s.rng.Intn(len(s.paused))) })
 	}
+	if s.recovery != nil {
+		add(3, "read pods", s.readPods)
+	}
 	if len(s.recovered) > 0 {
 		add(3, "feed recovered", s.feedRecovered)
 	}
@@ -351,7 +378,8 @@ func (s *Sim) act(chaos bool) (progress bool) {
 		}
 		add(2.5, "workload", s.workload)
 		add(s.cfg.Restart, "restart", s.restart)
-		if s.handoffUntil == 0 {
+		// Run hands over only once every pod is read.
+		if s.handoffUntil == 0 && s.recovery == nil {
 			add(s.cfg.Restart, "graceful stop", s.gracefulStop)
 		}
 		add(0.2, "resync", s.resync)

@@ -228,6 +228,11 @@ func (w *world) react(action k8stesting.Action) (bool, runtime.Object, error) {
 		s.tracef("  %s: landed, answer lost", what)
 		return true, nil, apierrors.NewTimeoutError("injected: answer lost", 1)
 	}
+	if s.recovery != nil && err == nil {
+		// Written while the pods are still read (the controller's first
+		// steps after a start): only attaches and additions may be.
+		s.stats["recovery: "+action.GetVerb()+" "+action.GetResource().Resource+" while pods are read"]++
+	}
 	s.tracef("  %s: %v", what, errText(err))
 	return true, obj, err
 }
