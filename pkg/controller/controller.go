@@ -423,17 +423,26 @@ func (c *Controller) RunGraceful(ctx, stop context.Context, onReady func()) erro
 			wg.Go(func() { wait.UntilWithContext(ctx, worker, time.Second) })
 		}
 	}
+	startWorkers := func() {
+		run(2, c.worker(QueueNodes))
+		run(2, c.worker(QueueVolumeAttachments))
+		run(c.cfg.Workers, c.worker(QueueVolumes))
+		run(c.cfg.StatusWorkers, c.worker(QueueNodeStatus))
+	}
 	// The pods are read while every other worker runs: a pod created
-	// meanwhile is attached without waiting for the rest (Recovery).
-	run(2, c.worker(QueueNodes))
-	run(2, c.worker(QueueVolumeAttachments))
-	run(c.cfg.Workers, c.worker(QueueVolumes))
-	run(c.cfg.StatusWorkers, c.worker(QueueNodeStatus))
+	// meanwhile is attached without waiting for the rest (Recovery). A
+	// shadow, which attaches nothing, reads them all before it compares.
+	if c.cfg.Shadow == nil {
+		startWorkers()
+	}
 	if err := c.readPods(ctx, recovery); err != nil || ctx.Err() != nil {
 		c.shutdownQueues()
 		cancel()
 		wg.Wait()
 		return err
+	}
+	if c.cfg.Shadow != nil {
+		startWorkers()
 	}
 	recovered := recovery.Finish(ctx)
 	wg.Go(func() {

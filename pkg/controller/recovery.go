@@ -178,13 +178,15 @@ func (r *Recovery) Step(ctx context.Context, n int) (bool, error) {
 // under every name: keys both states hold, returned anyway.
 func (r *Recovery) Finish(ctx context.Context) []cache.Key {
 	c := r.c
+	// First: a key the workers look at from now on may be detached, and one
+	// looked at before (left waiting for the pods) is in the lists below.
+	c.desired.SetPartial(false)
 	for _, keys := range [][]cache.Key{c.actual.Keys(), c.desired.Keys()} {
 		for _, k := range keys {
 			r.held.Add(k)
 			c.statusQueue.Add(k.Node)
 		}
 	}
-	c.desired.SetPartial(false)
 	klog.FromContext(ctx).Info("Recovered state", "attachments", len(c.actual.Keys()), "desired", len(c.desired.Keys()), "pods", r.read, "nodes", r.nodes,
 		"duration", time.Since(r.start).Round(time.Millisecond))
 	return c.settledLast(r.held.keys)
