@@ -186,8 +186,9 @@ type Controller struct {
 	claimPVs      *refIndex
 	pvAttachments *refIndex
 	// synced are the informers' and their handlers' (the indexes above are
-	// complete once the handlers have seen the initial list).
-	synced []toolscache.InformerSynced
+	// complete once the handlers have seen the initial list); podsSynced,
+	// those of pods and claims, read only once the actual state is rebuilt.
+	synced, podsSynced []toolscache.InformerSynced
 
 	desired    *cache.DesiredState
 	actual     *cache.ActualState
@@ -311,7 +312,7 @@ func New(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	for _, i := range inf.all() {
-		c.synced = append(c.synced, i.HasSynced)
+		c.addSynced(i, i.HasSynced)
 	}
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(metrics.NewStateCollector(metrics.State{
@@ -400,15 +401,14 @@ func (c *Controller) RunGraceful(ctx, stop context.Context, onReady func()) erro
 	}
 	logger.Info("Waiting for informer caches")
 	listStart := time.Now()
+	// The actual state is rebuilt as soon as its informers have listed,
+	// while the pods and claims, the longest lists, may still be coming.
 	if !toolscache.WaitForCacheSync(early.Done(), c.synced...) {
 		if ctx.Err() == nil {
 			return nil
 		}
 		return fmt.Errorf("informer caches did not sync: %w", ctx.Err())
 	}
-	// A restart's time to ready is these two: the initial list and the
-	// rebuild, logged apart.
-	logger.Info("Informer caches synced", "duration", time.Since(listStart).Round(time.Millisecond))
 	if c.nodeInfos != nil {
 		c.nodeInfos.start(ctx, time.Minute)
 		defer c.nodeInfos.stopInformer()
@@ -417,6 +417,15 @@ func (c *Controller) RunGraceful(ctx, stop context.Context, onReady func()) erro
 	if err != nil {
 		return err
 	}
+	if !toolscache.WaitForCacheSync(early.Done(), c.podsSynced...) {
+		if ctx.Err() == nil {
+			return nil
+		}
+		return fmt.Errorf("informer caches did not sync: %w", ctx.Err())
+	}
+	// A restart's time to ready is the initial list and the pods' reading,
+	// logged apart.
+	logger.Info("Informer caches synced", "duration", time.Since(listStart).Round(time.Millisecond))
 	var wg sync.WaitGroup
 	run := func(n int, worker func(context.Context)) {
 		for range n {
@@ -473,6 +482,17 @@ func (c *Controller) RunGraceful(ctx, stop context.Context, onReady func()) erro
 	wg.Wait()
 	logger.Info("Stopped")
 	return nil
+}
+
+// addSynced records fn, telling whether informer i (or a handler of it) has
+// seen its initial list, among those BeginRecovery waits for or, for pods
+// and claims, among those read after.
+func (c *Controller) addSynced(i toolscache.SharedIndexInformer, fn toolscache.InformerSynced) {
+	if i == c.informers.Pods || i == c.informers.PVCs {
+		c.podsSynced = append(c.podsSynced, fn)
+		return
+	}
+	c.synced = append(c.synced, fn)
 }
 
 func (c *Controller) shutdownQueues() {

@@ -116,6 +116,8 @@ func trimPod(p *v1.Pod) *v1.Pod {
 		ObjectMeta: metav1.ObjectMeta{
 			Name: p.Name, Namespace: shared(p.Namespace), UID: p.UID,
 			ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp,
+			// A restart reads the newest pods first (Recovery).
+			CreationTimestamp: p.CreationTimestamp,
 		},
 		Spec:   v1.PodSpec{NodeName: shared(p.Spec.NodeName)},
 		Status: v1.PodStatus{Phase: p.Status.Phase},
@@ -364,7 +366,7 @@ func (c *Controller) addHandlers() error {
 		if err != nil {
 			return fmt.Errorf("add event handler: %w", err)
 		}
-		c.synced = append(c.synced, reg.HasSynced)
+		c.addSynced(h.informer, reg.HasSynced)
 	}
 	if o := c.cfg.Observer; o != nil {
 		forget := toolscache.ResourceEventHandlerFuncs{DeleteFunc: o.Forget}

@@ -130,17 +130,6 @@ func (c *Controller) BeginRecovery(ctx context.Context) (*Recovery, error) {
 			return nil, err
 		}
 	}
-	pods, err := c.pods.List(everything)
-	if err != nil {
-		return nil, fmt.Errorf("list pods: %w", err)
-	}
-	slices.SortFunc(pods, func(a, b *v1.Pod) int {
-		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
-	})
-	r.pods = make([]string, len(pods))
-	for i, p := range pods {
-		r.pods[i] = p.Namespace + "/" + p.Name
-	}
 	klog.FromContext(ctx).Info("Recovered the actual state", "attachments", len(c.actual.Keys()), "nodes", len(nodes),
 		"duration", time.Since(r.start).Round(time.Millisecond))
 	return r, nil
@@ -154,6 +143,11 @@ func (c *Controller) BeginRecovery(ctx context.Context) (*Recovery, error) {
 // key it changes gets its look from Finish.
 func (r *Recovery) Step(ctx context.Context, n int) (bool, error) {
 	c := r.c
+	if r.pods == nil {
+		if err := r.listPods(); err != nil {
+			return false, err
+		}
+	}
 	n = min(n, len(r.pods))
 	for _, key := range r.pods[:n] {
 		touched, err := c.readPod(ctx, key)
@@ -169,6 +163,27 @@ func (r *Recovery) Step(ctx context.Context, n int) (bool, error) {
 	r.pods = r.pods[n:]
 	r.read += n
 	return len(r.pods) > 0, nil
+}
+
+// listPods lists the pods to read, once their informer has synced: the
+// newest first, those created while the controller was down or starting
+// (the likeliest to need an attach), then by namespace and name, so that a
+// restart does the same in the same order (logs, events), whatever the
+// order of the informer's map.
+func (r *Recovery) listPods() error {
+	pods, err := r.c.pods.List(everything)
+	if err != nil {
+		return fmt.Errorf("list pods: %w", err)
+	}
+	slices.SortFunc(pods, func(a, b *v1.Pod) int {
+		return cmp.Or(b.CreationTimestamp.Compare(a.CreationTimestamp.Time),
+			strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+	r.pods = make([]string, len(pods))
+	for i, p := range pods {
+		r.pods[i] = p.Namespace + "/" + p.Name
+	}
+	return nil
 }
 
 // Finish ends the recovery once every pod is read: the desired state is

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/workqueue"
@@ -205,14 +206,25 @@ func TestRecoveryReadsPodsWhileWorkersRun(t *testing.T) {
 		"patch nodes/status node-1", "delete volumeattachments " + volume.AttachmentName("h2", driver, "node-1")})
 }
 
-// Recover reads the pods in name order, whatever the order of the lister:
-// a restart does the same things in the same order (here, the warnings).
+// Recover reads the newest pods first (created while the controller was
+// down or starting: the likeliest to need an attach), then in name order,
+// whatever the order of the lister: a restart does the same things in the
+// same order (here, the warnings).
 func TestRecoverReadsPodsInOrder(t *testing.T) {
 	objs := []runtime.Object{node("node-1")}
 	var want []string
-	for i := range 8 {
+	for _, i := range []int{5, 2, 0, 1, 3, 4, 6, 7} {
 		name := fmt.Sprintf("pod-%d", i)
-		objs = append(objs, pod(name, "node-1", "claim-"+name))
+		p := pod(name, "node-1", "claim-"+name)
+		switch i {
+		case 5:
+			p.CreationTimestamp = metav1.NewTime(epoch.Add(2 * time.Minute))
+		case 2:
+			p.CreationTimestamp = metav1.NewTime(epoch.Add(time.Minute))
+		default:
+			p.CreationTimestamp = metav1.NewTime(epoch)
+		}
+		objs = append(objs, p)
 		want = append(want, fmt.Sprintf(`PersistentVolumeClaim "default/claim-%s" not found`, name))
 	}
 	f := newFixture(t, objs...)
