@@ -444,16 +444,22 @@ func (c *Controller) RunGraceful(ctx, stop context.Context, onReady func()) erro
 	if c.cfg.Shadow == nil {
 		startWorkers()
 	}
-	if err := c.readPods(ctx, recovery); err != nil || ctx.Err() != nil {
+	stoppedEarly, err := c.readPods(ctx, stopped, recovery)
+	if err != nil || ctx.Err() != nil || stoppedEarly {
+		if stoppedEarly {
+			// Asked to stop while reading the pods: the attaches under way
+			// are handed over; nothing was detached, nor will be.
+			c.handOver(ctx)
+		}
 		c.shutdownQueues()
 		cancel()
 		wg.Wait()
 		return err
 	}
+	recovered := recovery.Finish(ctx)
 	if c.cfg.Shadow != nil {
 		startWorkers()
 	}
-	recovered := recovery.Finish(ctx)
 	wg.Go(func() {
 		start := time.Now()
 		tick := time.NewTicker(recoveryFeedInterval)

@@ -38,7 +38,8 @@ func (c *Controller) Recover(ctx context.Context) error {
 
 // RecoverHeld is Recover with the volume keys held back: they are returned
 // for the caller to queue (Run: feedRecovered), the keys with something to
-// do first (settledLast). Only before the workers start.
+// do first (settledLast); only a volume a pod wants that is not attached and
+// reported yet is queued at once (Step). Only before the workers start.
 func (c *Controller) RecoverHeld(ctx context.Context) ([]cache.Key, error) {
 	r, err := c.BeginRecovery(ctx)
 	if err != nil {
@@ -68,7 +69,8 @@ func (c *Controller) RecoverHeld(ctx context.Context) ([]cache.Key, error) {
 // allowed again.
 type Recovery struct {
 	c *Controller
-	// pods are the keys of the pods left to read, in name order.
+	// pods are the keys of the pods left to read, in order (listPods); nil
+	// until listed.
 	pods  []string
 	held  *heldKeys
 	nodes int
@@ -208,26 +210,34 @@ func (r *Recovery) Finish(ctx context.Context) []cache.Key {
 }
 
 // recoveryStep is how many pods Run reads between two looks at the pod
-// queue: an event waits behind at most that many (a few milliseconds).
+// queue, and how many of its items it processes then at most: an event
+// waits behind at most that many pods (a few milliseconds), and a flood of
+// events (every pod queued by a CSIDriver change) does not hold the reading.
 const recoveryStep = 128
 
 // readPods reads every pod of the recovery, and between steps processes
 // the pod queue (its workers start after): one goroutine alone reads pods,
 // so a pod's event never runs beside its read. It stops early, with no
-// error, when ctx is done.
-func (c *Controller) readPods(ctx context.Context, r *Recovery) error {
+// error, when ctx is done, and reports true when stop is closed first.
+func (c *Controller) readPods(ctx context.Context, stop <-chan struct{}, r *Recovery) (bool, error) {
 	for ctx.Err() == nil {
+		select {
+		case <-stop:
+			return true, nil
+		default:
+		}
 		more, err := r.Step(ctx, recoveryStep)
 		if err != nil {
-			return err
+			return false, err
 		}
-		for c.podQueue.Len() > 0 && c.Process(ctx, QueuePods) {
+		for i := 0; i < recoveryStep && c.podQueue.Len() > 0 && c.Process(ctx, QueuePods); i++ {
 		}
 		if !more {
-			return nil
+			// What is still queued goes to the pod workers.
+			return false, nil
 		}
 	}
-	return nil
+	return false, nil
 }
 
 // heldKeys is a volume queue whose Add only records the key.

@@ -206,6 +206,37 @@ func TestRecoveryReadsPodsWhileWorkersRun(t *testing.T) {
 		"patch nodes/status node-1", "delete volumeattachments " + volume.AttachmentName("h2", driver, "node-1")})
 }
 
+// Run's reading of the pods stops when it is asked to (a graceful stop:
+// the handoff follows), and processes a bounded part of the pod queue
+// between two steps: a flood of pod events does not hold the reading.
+func TestReadPodsStopsAndBoundsThePodQueue(t *testing.T) {
+	objs := []runtime.Object{node("node-1"), csiPV("claim-a", "h1"), claim("claim-a"), pod("pod-a", "node-1", "claim-a")}
+	f := newFixture(t, objs...)
+	r, err := f.c.BeginRecovery(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	close(stop)
+	if stopped, err := f.c.readPods(f.ctx, stop, r); !stopped || err != nil {
+		t.Fatalf("readPods with stop closed: %v, %v; want stopped", stopped, err)
+	}
+	if got := f.desiredState(); len(got) != 0 {
+		t.Errorf("desired state after a stop before any step: %v, want nothing read", got)
+	}
+	const events = 3 * recoveryStep
+	for i := range events {
+		f.queues[QueuePods].Add(fmt.Sprintf("default/gone-%d", i))
+	}
+	if stopped, err := f.c.readPods(f.ctx, nil, r); stopped || err != nil {
+		t.Fatalf("readPods: %v, %v; want every pod read", stopped, err)
+	}
+	checkList(t, "desired state", f.desiredState(), []string{csiName("h1") + "@node-1 default/pod-a(uid-pod-a) single=true"})
+	if left := f.queues[QueuePods].Len(); left != events-recoveryStep {
+		t.Errorf("pod events left for the workers: %d, want %d (one step's worth processed)", left, events-recoveryStep)
+	}
+}
+
 // Recover reads the newest pods first (created while the controller was
 // down or starting: the likeliest to need an attach), then in name order,
 // whatever the order of the lister: a restart does the same things in the

@@ -43,6 +43,8 @@ import (
 //	   SuccessfulAttachVolume event for its volume to a pod on that node,
 //	   also when the attach was seen complete before the create's answer
 //	   came (what a restarted controller finds attached needs none).
+//	I9 no detach starts before a controller that started has read every pod
+//	   (a pod not read yet may want the volume).
 
 // checkEveryStep checks I1 and keeps the bookkeeping I2 needs.
 func (s *Sim) checkEveryStep() {
@@ -124,9 +126,12 @@ func (s *Sim) checkSingleNode() {
 
 func (s *Sim) checkAttachmentCreated(*storagev1.VolumeAttachment) { s.checkSingleNode() }
 
-// checkDetachStart checks I2, I3 and I7 at the moment a detach of pv from node
-// starts.
+// checkDetachStart checks I2, I3, I7 and I9 at the moment a detach of pv
+// from node starts.
 func (s *Sim) checkDetachStart(pv, node string) {
+	if s.recovery != nil {
+		s.violate("I9", "detach of %s from %s started before the controller read every pod after its start", pv, node)
+	}
 	v := s.volumeByPV(pv)
 	if v == nil {
 		return

@@ -129,6 +129,11 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 				"SuccessfulAttachVolume", `AttachVolume.Attach succeeded for volume "rwo-0" `)
 			s.checkQuiet()
 		}, ""},
+		{"I9: detach while the controller still reads the pods", func(s *Sim) {
+			attach(s, nodeName(0))
+			s.newController()
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+		}, "I9"},
 		{"I6: handed over with a VolumeAttachment its node status does not list", func(s *Sim) {
 			attach(s, nodeName(0))
 			s.checkHandedOver()
@@ -144,6 +149,11 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSim(1, DefaultConfig())
 			defer s.kill()
+			// The controller has read every pod (I9 holds) unless the
+			// plant starts another.
+			for s.recovery != nil {
+				s.readPods()
+			}
 			tc.plant(s)
 			var got []string
 			for _, v := range s.violations {

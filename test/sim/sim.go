@@ -215,22 +215,30 @@ func (s *Sim) newController() {
 		panic(err)
 	}
 	s.ctrl = c
-	// The initial list of every informer, then a watch from now on.
-	for _, r := range resources {
+	// The initial list of every informer, then a watch from now on. As Run
+	// does: the actual state is rebuilt once every informer but the pods'
+	// and claims' has listed, then those list, then the pods are read a few
+	// at a time (readPods) while every worker but the pods' runs; one pod
+	// worker stands for Run's processing of the pod queue between two steps.
+	// Then the volume keys recovery found are fed to the queue a few at a
+	// time (feedRecovered), events meanwhile.
+	list := func(r string) {
 		s.w.pending[r] = nil
 		for _, o := range s.w.list(r) {
 			s.inf[r].deliver(event{typ: added, obj: o, initial: true})
 		}
 	}
-	// As Run does: the actual state is rebuilt at once, then the pods are
-	// read a few at a time (readPods) while every worker but the pods' runs;
-	// one pod worker stands for Run's processing of the pod queue between
-	// two steps. Then the volume keys recovery found are fed to the queue a
-	// few at a time (feedRecovered), events meanwhile.
+	for _, r := range resources {
+		if r != rPods && r != rPVCs {
+			list(r)
+		}
+	}
 	rec, err := c.BeginRecovery(s.ctx)
 	if err != nil {
 		panic(err)
 	}
+	list(rPods)
+	list(rPVCs)
 	s.recovery = rec
 	s.recovered = nil
 	s.workers[controller.QueuePods] = 1
