@@ -282,6 +282,12 @@ func (s *Sim) restart() {
 // it has or when its time is up.
 func (s *Sim) gracefulStop() {
 	s.stats["fault: graceful stop"]++
+	if s.recovery != nil {
+		// As Run: asked to stop while reading the pods, it reads no more
+		// of them nor of their events, and hands over at once.
+		s.stats["fault: graceful stop while reading the pods"]++
+		s.workers[controller.QueuePods] = 0
+	}
 	s.tracef("controller asked to stop: handoff")
 	s.handoffUntil = s.step + handoffSteps
 	s.ctrl.BeginHandOver()
@@ -366,7 +372,7 @@ func (s *Sim) act(chaos bool) (progress bool) {
 	if len(s.paused) > 0 {
 		add(5, "resume", func() { s.resumeAt(s.rng.Intn(len(s.paused))) })
 	}
-	if s.recovery != nil {
+	if s.recovery != nil && s.handoffUntil == 0 {
 		add(3, "read pods", s.readPods)
 	}
 	if len(s.recovered) > 0 {
@@ -386,8 +392,7 @@ func (s *Sim) act(chaos bool) (progress bool) {
 		}
 		add(2.5, "workload", s.workload)
 		add(s.cfg.Restart, "restart", s.restart)
-		// Run hands over only once every pod is read.
-		if s.handoffUntil == 0 && s.recovery == nil {
+		if s.handoffUntil == 0 {
 			add(s.cfg.Restart, "graceful stop", s.gracefulStop)
 		}
 		add(0.2, "resync", s.resync)
