@@ -156,6 +156,29 @@ type Milestone struct {
 // Await polls until every milestone is reached, and returns when each was
 // first reached, relative to start. On timeout it returns the times of those
 // reached and an error saying how far the cluster got.
+// AwaitAsync is Await in the background, for a phase that acts meanwhile:
+// result waits for its answer; cancel stops it early (result still answers).
+func (o *Observer) AwaitAsync(ctx context.Context, e *Expectation, start time.Time, timeout time.Duration, milestones ...Milestone) (result func() (map[string]time.Duration, error), cancel func()) {
+	ctx, cancel = context.WithCancel(ctx)
+	type awaited struct {
+		times map[string]time.Duration
+		err   error
+	}
+	done := make(chan awaited, 1)
+	go func() {
+		t, err := o.Await(ctx, e, start, timeout, milestones...)
+		done <- awaited{t, err}
+	}()
+	var a *awaited
+	return func() (map[string]time.Duration, error) {
+		if a == nil {
+			got := <-done
+			a = &got
+		}
+		return a.times, a.err
+	}, cancel
+}
+
 func (o *Observer) Await(ctx context.Context, e *Expectation, start time.Time, timeout time.Duration, milestones ...Milestone) (map[string]time.Duration, error) {
 	reached := map[string]time.Duration{}
 	deadline := start.Add(timeout)

@@ -44,28 +44,19 @@ func (r *runner) restart(ctx context.Context, p *PhaseResult) error {
 	}
 	// The new volume may be attached before the controller says it is
 	// ready: both are awaited from the start, side by side.
-	awaitCtx, cancel := context.WithCancel(ctx)
+	result, cancel := r.env.Observer.AwaitAsync(ctx, r.w.NewVolumeExpect(true), start, timeout, milestoneDone)
 	defer cancel()
-	type awaited struct {
-		t   map[string]time.Duration
-		err error
-	}
-	attached := make(chan awaited, 1)
-	go func() {
-		t, err := r.env.Observer.Await(awaitCtx, r.w.NewVolumeExpect(true), start, timeout, milestoneDone)
-		attached <- awaited{t, err}
-	}()
 	ready, err := r.awaitReady(ctx, logPath, start, timeout)
 	if err != nil {
 		return err
 	}
 	p.Times[MReady] = ready
-	a := <-attached
-	if a.err != nil {
-		return fmt.Errorf("volume created at the restart not attached: %w", a.err)
+	t, err := result()
+	if err != nil {
+		return fmt.Errorf("volume created at the restart not attached: %w", err)
 	}
-	p.Times[MFirstAttach] = a.t[MDone]
-	r.logger.Info("Restarted controller ready", "ready", ready.Round(time.Millisecond), "firstAttach", a.t[MDone].Round(time.Millisecond))
+	p.Times[MFirstAttach] = t[MDone]
+	r.logger.Info("Restarted controller ready", "ready", ready.Round(time.Millisecond), "firstAttach", t[MDone].Round(time.Millisecond))
 	if err := r.w.DeleteNewVolumePod(ctx, r.env.Client); err != nil {
 		return err
 	}

@@ -328,32 +328,22 @@ func (r *runner) burst(ctx context.Context, p *PhaseResult) error {
 	exp := r.w.Expect(r.w.All())
 	// Observed from the first pod write: half the volumes may be reported
 	// before the harness has written the last pod.
-	awaitCtx, cancelAwait := context.WithCancel(ctx)
+	result, cancelAwait := r.env.Observer.AwaitAsync(ctx, exp, p.Start, r.cfg.timeout(f.BurstStatus(r.w.Volumes(), r.w.Nodes)),
+		milestoneExist, milestoneAttached, milestoneHalfReported, milestoneStatus, milestoneDone)
 	defer cancelAwait()
-	type awaited struct {
-		times map[string]time.Duration
-		err   error
-	}
-	done := make(chan awaited, 1)
-	go func() {
-		t, err := r.env.Observer.Await(awaitCtx, exp, p.Start, r.cfg.timeout(f.BurstStatus(r.w.Volumes(), r.w.Nodes)),
-			milestoneExist, milestoneAttached, milestoneHalfReported, milestoneStatus, milestoneDone)
-		done <- awaited{t, err}
-	}()
 	if err := r.w.CreatePods(ctx, r.env.Client, r.w.All()); err != nil {
 		cancelAwait()
-		<-done
+		_, _ = result()
 		return err
 	}
 	written := time.Since(p.Start)
 	r.logger.Info("Pods created", "pods", r.w.Volumes(), "after", written.Round(time.Millisecond))
-	a := <-done
-	p.Times = a.times
+	times, err := result()
+	p.Times = times
 	p.Times[MPodsWritten] = written
-	if a.err != nil {
-		return a.err
+	if err != nil {
+		return err
 	}
-	var err error
 	p.LastRequest, err = r.settle(ctx, p.Start)
 	return err
 }
