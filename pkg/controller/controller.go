@@ -454,6 +454,9 @@ func (c *Controller) RunGraceful(ctx, stop context.Context, onReady func()) erro
 		c.shutdownQueues()
 		cancel()
 		wg.Wait()
+		if err == nil {
+			logger.Info("Stopped")
+		}
 		return err
 	}
 	recovered := recovery.Finish(ctx)
