@@ -132,7 +132,11 @@ func (c *Controller) BeginRecovery(ctx context.Context) (*Recovery, error) {
 			return nil, err
 		}
 	}
-	klog.FromContext(ctx).Info("Recovered the actual state", "attachments", len(c.actual.Keys()), "nodes", len(nodes),
+	attachments := 0
+	for _, n := range c.actual.Stats() {
+		attachments += n
+	}
+	klog.FromContext(ctx).Info("Recovered the actual state", "attachments", attachments, "nodes", len(nodes),
 		"duration", time.Since(r.start).Round(time.Millisecond))
 	return r, nil
 }
@@ -157,7 +161,7 @@ func (r *Recovery) Step(ctx context.Context, n int) (bool, error) {
 			return false, err
 		}
 		for _, k := range touched {
-			if a, ok := c.actual.Get(k); c.desired.Wanted(k) && (!ok || a.State != cache.Attached || !a.Reported) {
+			if !c.settled(k) && c.desired.Wanted(k) {
 				c.volumeQueue.Add(k)
 			}
 		}
@@ -198,13 +202,14 @@ func (r *Recovery) Finish(ctx context.Context) []cache.Key {
 	// First: a key the workers look at from now on may be detached, and one
 	// looked at before (left waiting for the pods) is in the lists below.
 	c.desired.SetPartial(false)
-	for _, keys := range [][]cache.Key{c.actual.Keys(), c.desired.Keys()} {
+	actual, desired := c.actual.Keys(), c.desired.Keys()
+	for _, keys := range [][]cache.Key{actual, desired} {
 		for _, k := range keys {
 			r.held.Add(k)
 			c.statusQueue.Add(k.Node)
 		}
 	}
-	klog.FromContext(ctx).Info("Recovered state", "attachments", len(c.actual.Keys()), "desired", len(c.desired.Keys()), "pods", r.read, "nodes", r.nodes,
+	klog.FromContext(ctx).Info("Recovered state", "attachments", len(actual), "desired", len(desired), "pods", r.read, "nodes", r.nodes,
 		"duration", time.Since(r.start).Round(time.Millisecond))
 	return c.settledLast(r.held.keys)
 }
@@ -283,7 +288,7 @@ func (c *Controller) settledLast(keys []cache.Key) []cache.Key {
 	settled := make([]cache.Key, 0, len(keys))
 	n := 0
 	for _, k := range keys {
-		if a, ok := c.actual.Get(k); ok && a.State == cache.Attached && a.Reported && a.DetachWanted.IsZero() && c.desired.Wanted(k) {
+		if c.settled(k) {
 			settled = append(settled, k)
 			continue
 		}
@@ -292,6 +297,13 @@ func (c *Controller) settledLast(keys []cache.Key) []cache.Key {
 	}
 	copy(keys[n:], settled)
 	return keys
+}
+
+// settled tells whether the volume at k is as it should be: wanted,
+// attached, in node status, no detach wanted.
+func (c *Controller) settled(k cache.Key) bool {
+	a, ok := c.actual.Get(k)
+	return ok && a.State == cache.Attached && a.Reported && a.DetachWanted.IsZero() && c.desired.Wanted(k)
 }
 
 // feedRecovered adds keys to queue whenever it holds fewer than depth items,
