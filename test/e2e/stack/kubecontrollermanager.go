@@ -4,7 +4,8 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"strings"
+
+	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
 // KubeControllerManagerBinary is the real kube-controller-manager, in BinDir
@@ -15,7 +16,7 @@ const KubeControllerManagerBinary = "kube-controller-manager"
 // only its attachdetach controller, the one this controller replaces: no
 // leader election, no serving, no service account credentials (nothing
 // issues them here), and a FlexVolume directory of its own. It returns once
-// the controller is started.
+// the controller's caches are synced (framework.KubeControllerManagerSynced).
 func (s *Stack) StartKubeControllerManager(ctx context.Context) (*Process, error) {
 	bin := filepath.Join(s.binDir, KubeControllerManagerBinary)
 	if err := checkBinary(bin, "hack/build-tools.sh kube-controller-manager"); err != nil {
@@ -38,7 +39,7 @@ func (s *Stack) StartKubeControllerManager(ctx context.Context) (*Process, error
 		return nil, err
 	}
 	err = poll(ctx, startTimeout, p, "start of "+p.Name, func(context.Context) (bool, error) {
-		return strings.Contains(p.Tail(1<<20), `"Starting attach detach controller"`), nil
+		return framework.KubeControllerManagerSynced(p.Tail(1 << 20)), nil
 	})
 	if err != nil {
 		return p, err

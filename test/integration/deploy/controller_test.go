@@ -33,6 +33,9 @@ const (
 	// stopTimeout bounds a graceful stop: workers stop, the Lease is
 	// released.
 	stopTimeout = 20 * time.Second
+	// startTimeout bounds kube-controller-manager's start, up to its caches
+	// synced, on a loaded machine.
+	startTimeout = time.Minute
 )
 
 // controller is one run of the controller binary.

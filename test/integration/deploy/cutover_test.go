@@ -112,7 +112,8 @@ type kubeControllerManager struct {
 // kubeconfig and only the attachdetach controller: no leader election, no
 // serving, no service account credentials (nothing issues them here), and a
 // FlexVolume directory of its own (it would otherwise create one under
-// /usr/libexec).
+// /usr/libexec). It returns once the controller's caches are synced
+// (framework.KubeControllerManagerSynced).
 func startKubeControllerManager(t *testing.T) *kubeControllerManager {
 	t.Helper()
 	p := framework.StartProcess(t, tools.kubeControllerManager,
@@ -124,6 +125,14 @@ func startKubeControllerManager(t *testing.T) *kubeControllerManager {
 		"--flex-volume-plugin-dir="+t.TempDir(),
 		"--v=2",
 	)
+	framework.Eventually(t, startTimeout, func() (bool, error) {
+		select {
+		case <-p.Done():
+			return false, fmt.Errorf("kube-controller-manager exited: %v", p.Cmd.ProcessState)
+		default:
+		}
+		return framework.KubeControllerManagerSynced(p.Output()), nil
+	}, "kube-controller-manager's attachdetach controller synced")
 	return &kubeControllerManager{p: p}
 }
 

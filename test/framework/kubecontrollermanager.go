@@ -1,0 +1,16 @@
+package framework
+
+import "strings"
+
+// KubeControllerManagerSynced reports whether kube-controller-manager's log
+// (--controllers=attachdetach, --v=2) shows its attachdetach controller past
+// the initial list of its informers. Before that, a pod that comes through
+// the pod informer ahead of its node through the node informer is skipped,
+// and kube-controller-manager finds it again only in its periodic relist of
+// every pod, minutes later. Once the caches are synced, it adds every node
+// listed and reads every pod at once, so a pod created after this line is
+// handled when it comes.
+func KubeControllerManagerSynced(log string) bool {
+	_, after, started := strings.Cut(log, `"Starting attach detach controller"`)
+	return started && strings.Contains(after, `"Caches are synced"`)
+}
