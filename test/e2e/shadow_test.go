@@ -26,6 +26,18 @@ const shadowGrace = 10 * time.Second
 // this workload, with the defaults, there is none.
 func TestShadowOnTheWorkload(t *testing.T) {
 	e := newEnvWithoutController(t, "shadow", 3, awsEBSPlugin)
+	// Every claim before kube-controller-manager starts, so that its initial
+	// list holds them: it resolves a pod's claim and PV from its informers
+	// when the pod comes, and a pod that comes ahead of its PV is left until
+	// its relist of every pod, every 3 minutes (no PV event brings it back).
+	var own []csiVolume
+	for i := range e.nodes {
+		own = append(own, e.createVolume("own-"+string(rune('a'+i))))
+	}
+	shared := e.createVolume("shared", v1.ReadWriteMany)
+	legacy := e.createEBSVolume("legacy")
+	data := e.createVolume("data")
+
 	kcm, err := st.StartKubeControllerManager(e.ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -41,21 +53,15 @@ func TestShadowOnTheWorkload(t *testing.T) {
 	e.startController("--shadow", "--shadow-grace-period="+shadowGrace.String())
 
 	// Pods with their own volumes on every node.
-	var own []csiVolume
 	for i, node := range e.nodes {
-		v := e.createVolume("own-" + string(rune('a'+i)))
-		e.createPod("own-"+string(rune('a'+i)), node, v.claim)
-		own = append(own, v)
+		e.createPod(own[i].claim, node, own[i].claim)
 	}
 	// A ReadWriteMany volume on two nodes.
-	shared := e.createVolume("shared", v1.ReadWriteMany)
 	e.createPod("shared-0", e.nodes[0], shared.claim)
 	e.createPod("shared-1", e.nodes[1], shared.claim)
 	// A migrated in-tree EBS volume.
-	legacy := e.createEBSVolume("legacy")
 	e.createPod("legacy", e.nodes[2], legacy.claim)
 	// A ReadWriteOnce volume wanted on two nodes.
-	data := e.createVolume("data")
 	e.createPod("first", e.nodes[0], data.claim)
 
 	for i, v := range own {

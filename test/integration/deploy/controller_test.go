@@ -234,9 +234,25 @@ func (s *scene) volume(name, handle string) volume {
 // createPod creates the claim, its volume and the pod using it.
 func (s *scene) createPod(v volume) {
 	s.t.Helper()
+	s.createClaim(v)
+	s.startPod(v)
+}
+
+// createClaim creates the claim and its volume, bound. A test with
+// kube-controller-manager creates them before it starts, so that its initial
+// list holds them: it resolves a pod's claim and PV from its informers when
+// the pod comes, and a pod that comes ahead of its PV is left until its
+// relist of every pod, every 3 minutes (no PV event brings it back).
+func (s *scene) createClaim(v volume) {
+	s.t.Helper()
 	if _, _, err := framework.CreateBoundPVC(s.ctx, s.client, s.ns, v.name, framework.CSISource(s.driver, v.handle)); err != nil {
 		s.t.Fatal(err)
 	}
+}
+
+// startPod creates the pod using v's claim.
+func (s *scene) startPod(v volume) {
+	s.t.Helper()
 	if _, err := framework.CreatePod(s.ctx, s.client, s.ns, v.name, v.node, v.name); err != nil {
 		s.t.Fatal(err)
 	}

@@ -38,10 +38,12 @@ func TestCutOver(t *testing.T) {
 	guard := watchForDetaches(t, s)
 
 	// The built-in controller attaches two pods' volumes; kubelet mounts them.
-	kcm := startKubeControllerManager(t)
 	one, two := s.volume("one", "handle-one"), s.volume("two", "handle-two")
+	s.createClaim(one)
+	s.createClaim(two)
+	kcm := startKubeControllerManager(t)
 	for _, v := range []volume{one, two} {
-		s.createPod(v)
+		s.startPod(v)
 		s.waitAttached(v)
 		s.waitReported(v, true)
 		guard.protect(v)
@@ -76,9 +78,10 @@ func TestCutOver(t *testing.T) {
 
 	// And back: stop this controller, start the built-in one again.
 	ours.stop(t)
-	kcm = startKubeControllerManager(t)
 	four := s.volume("four", "handle-four")
-	s.createPod(four)
+	s.createClaim(four)
+	kcm = startKubeControllerManager(t)
+	s.startPod(four)
 	s.waitAttached(four)
 	s.waitReported(four, true)
 	guard.protect(four)

@@ -58,13 +58,14 @@ func TestGuardSeesKubeControllerManager(t *testing.T) {
 	// server drops a write that changes nothing), so this one is paused
 	// while a new pod comes: kube-controller-manager creates its
 	// VolumeAttachment, as it does whenever it is first.
+	two := s.volume("two", "handle-two")
+	s.createClaim(two)
 	kcm := startKubeControllerManager(t)
 	defer kcm.stop(t)
 	if err := ours.p.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	two := s.volume("two", "handle-two")
-	s.createPod(two)
+	s.startPod(two)
 	framework.Eventually(t, 30*time.Second, func() (bool, error) {
 		va, err := s.attachment(two)
 		return va != nil, err

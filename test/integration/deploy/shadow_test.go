@@ -87,6 +87,18 @@ func TestShadowBesideKubeControllerManager(t *testing.T) {
 	t.Cleanup(func() { _ = cluster.Client.CoreV1().Nodes().Delete(t.Context(), sick, metav1.DeleteOptions{}) })
 	framework.StartAttacher(t, s.client, framework.AttacherOptions{Drivers: []string{ebsDriver}})
 
+	// Every claim before kube-controller-manager starts (scene.createClaim).
+	one, two := s.volume("one", "handle-one"), s.volume("two", "handle-two")
+	s.createClaim(one)
+	s.createClaim(two)
+	ebsHandle := "vol-" + s.ns
+	ebs := v1.PersistentVolumeSource{AWSElasticBlockStore: &v1.AWSElasticBlockStoreVolumeSource{VolumeID: ebsHandle}}
+	if _, _, err := framework.CreateBoundPVC(s.ctx, s.client, s.ns, "ebs", ebs); err != nil {
+		t.Fatal(err)
+	}
+	three := s.volume("three", "handle-three")
+	s.createClaim(three)
+
 	kcm := startKubeControllerManager(t)
 	defer kcm.stop(t)
 	offset := auditOffset(t)
@@ -109,9 +121,8 @@ func TestShadowBesideKubeControllerManager(t *testing.T) {
 	secure := fmt.Sprintf("https://127.0.0.1:%d", port)
 
 	// Agreement: CSI volumes attached, one detached again.
-	one, two := s.volume("one", "handle-one"), s.volume("two", "handle-two")
-	s.createPod(one)
-	s.createPod(two)
+	s.startPod(one)
+	s.startPod(two)
 	s.waitAttached(one)
 	s.waitAttached(two)
 	s.waitReported(one, true)
@@ -120,11 +131,6 @@ func TestShadowBesideKubeControllerManager(t *testing.T) {
 	s.waitDetached(two)
 
 	// A known difference: an EBS volume on a node without a CSINode.
-	ebsHandle := "vol-" + s.ns
-	ebs := v1.PersistentVolumeSource{AWSElasticBlockStore: &v1.AWSElasticBlockStoreVolumeSource{VolumeID: ebsHandle}}
-	if _, _, err := framework.CreateBoundPVC(s.ctx, s.client, s.ns, "ebs", ebs); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := framework.CreatePod(s.ctx, s.client, s.ns, "ebs", s.node, "ebs"); err != nil {
 		t.Fatal(err)
 	}
@@ -135,15 +141,9 @@ func TestShadowBesideKubeControllerManager(t *testing.T) {
 	waitShadowMetric(t, ours, "would-not-attach", 1)
 
 	// A known difference: a mounted volume on a node gone NotReady.
-	three := s.volume("three", "handle-three")
 	three.node = sick
 	three.attachment = framework.VolumeAttachmentName(three.handle, s.driver, sick)
-	if _, _, err := framework.CreateBoundPVC(s.ctx, s.client, s.ns, three.name, framework.CSISource(s.driver, three.handle)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := framework.CreatePod(s.ctx, s.client, s.ns, three.name, sick, three.name); err != nil {
-		t.Fatal(err)
-	}
+	s.startPod(three)
 	s.waitAttached(three)
 	s.waitReported(three, true)
 	s.setInUse(sick, three)
