@@ -79,8 +79,19 @@ type Guard struct {
 	writers *prometheus.GaugeVec
 
 	mu       sync.Mutex
-	findings map[string]Finding // resource/name -> the latest write of another manager
-	reported map[string]bool    // manager/resource -> an event was posted
+	findings map[string]*finding // resource/name -> the latest write of another manager
+	reported map[string]bool     // manager/resource -> an event was posted
+}
+
+// finding is a Finding with what became of it. A finding lasts as long as
+// its object's latest version shows the other writer, and at least until a
+// check has reported it: a write whose object is deleted or taken over at
+// once (this controller deleting the other's VolumeAttachment before a check)
+// is still logged, counted and posted once.
+type finding struct {
+	Finding
+	checked bool // a check reported it
+	gone    bool // its object went or no longer shows the other writer
 }
 
 // New returns a Guard with its metric registered.
@@ -91,7 +102,7 @@ func New(cfg Config) (*Guard, error) {
 			Name: "attachdetach_controller_other_writer_objects",
 			Help: "Objects whose attach/detach fields another field manager (another attach/detach controller) wrote since this one leads, by resource (nodes: status.volumesAttached, volumeattachments: spec); 0 when none.",
 		}, []string{"resource"}),
-		findings: map[string]Finding{},
+		findings: map[string]*finding{},
 		reported: map[string]bool{},
 	}
 	for _, r := range []string{nodesGVR.Resource, vasGVR.Resource} {
@@ -159,13 +170,26 @@ func (g *Guard) Observe(obj any) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if found {
-		g.findings[resource+"/"+name] = f
+		g.findings[resource+"/"+name] = &finding{Finding: f}
 	} else {
-		delete(g.findings, resource+"/"+name)
+		g.dropLocked(resource + "/" + name)
 	}
 }
 
-// Forget drops what was found on a deleted Node or VolumeAttachment.
+// dropLocked drops a finding a check reported; one not reported yet is
+// dropped by the next check.
+func (g *Guard) dropLocked(key string) {
+	if f, ok := g.findings[key]; ok {
+		if f.checked {
+			delete(g.findings, key)
+		} else {
+			f.gone = true
+		}
+	}
+}
+
+// Forget drops what was found on a deleted Node or VolumeAttachment, once
+// reported.
 func (g *Guard) Forget(obj any) {
 	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
@@ -181,7 +205,7 @@ func (g *Guard) Forget(obj any) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	delete(g.findings, key)
+	g.dropLocked(key)
 }
 
 // Check updates the metric, logs and posts events for what was found so
@@ -190,8 +214,12 @@ func (g *Guard) Check(ctx context.Context) []Finding {
 	logger := klog.FromContext(ctx)
 	g.mu.Lock()
 	found := make([]Finding, 0, len(g.findings))
-	for _, f := range g.findings {
-		found = append(found, f)
+	for key, f := range g.findings {
+		found = append(found, f.Finding)
+		f.checked = true
+		if f.gone {
+			delete(g.findings, key)
+		}
 	}
 	g.mu.Unlock()
 	sort.Slice(found, func(i, j int) bool {

@@ -91,9 +91,38 @@ func TestCheck(t *testing.T) {
 	}
 }
 
+// A write seen on an object deleted or taken over before a check (this
+// controller deleting the other's VolumeAttachment at once) is still
+// reported by the next check, once.
+func TestFindingReportedOnceItsObjectWent(t *testing.T) {
+	after := since.Add(time.Minute)
+	g, err := New(Config{Self: []string{"attach-detach-controller"}, Since: since, Period: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Observe(va("a", entry("kube-controller-manager", "", spec, after)))
+	g.Forget(va("a"))
+	g.Observe(node("n", entry("kube-controller-manager", "status", volumesAttached, after)))
+	g.Observe(node("n", entry("attach-detach-controller", "status", volumesAttached, after.Add(time.Second)),
+		entry("kube-controller-manager", "status", `{"f:status":{}}`, after)))
+	found := g.Check(context.Background())
+	if len(found) != 2 || found[0].Resource != "nodes" || found[1].Resource != "volumeattachments" ||
+		found[0].Manager != "kube-controller-manager" || found[1].Manager != "kube-controller-manager" {
+		t.Fatalf("first check after the objects went: %+v, want the node and the VolumeAttachment, by kube-controller-manager", found)
+	}
+	if found := g.Check(context.Background()); len(found) != 0 {
+		t.Fatalf("second check: %+v, want none", found)
+	}
+	// Written again: found again.
+	g.Observe(va("a", entry("kube-controller-manager", "", spec, after.Add(2*time.Second))))
+	if found := g.Check(context.Background()); len(found) != 1 {
+		t.Fatalf("after another write: %+v, want the VolumeAttachment", found)
+	}
+}
+
 // A finding lasts as long as the object's latest version shows the other
-// writer: it goes when this controller takes the field over, or when the
-// object is deleted.
+// writer: once reported, it goes when this controller takes the field over,
+// or when the object is deleted.
 func TestFindingsFollowTheObjects(t *testing.T) {
 	after := since.Add(time.Minute)
 	g, err := New(Config{Self: []string{"attach-detach-controller"}, Since: since, Period: time.Minute})
