@@ -79,8 +79,9 @@ type NodeInfo struct {
 	OutOfService bool
 	// InUse is node.status.volumesInUse: the volumes the node has mounted.
 	InUse map[volume.Name]bool
-	// ResourceVersion is the Node object's these facts come from.
+	// ResourceVersion and UID are the Node object's these facts come from.
 	ResourceVersion string
+	UID             string
 	// Seen: a Node object was read (SetNode). Of a node never seen (its
 	// object gone before this controller started) nothing is known:
 	// everything attached there may be mounted.
@@ -133,6 +134,10 @@ type nodeEntry struct {
 	// volumes first waited for the attaches under way (hold.go); zero when
 	// none waits.
 	holdSince time.Time
+	// writeUID is the UID of the Node object known when the write in
+	// flight began: a write that finds the node gone says nothing of
+	// another Node object read since, one created again (NodeGone).
+	writeUID string
 }
 
 // NewActualState returns an empty ActualState.
@@ -334,16 +339,18 @@ func (a *ActualState) DeleteNode(name string) []Key {
 	return keys
 }
 
-// NodeGone records that the API answered that the Node object does not
-// exist, before its deletion was read from the informer: what it had
-// mounted last is unknown until then (SetNode with its last state, then
-// DeleteNode), so anything attached there may be mounted. It returns the
-// keys of its attachments.
+// NodeGone records that the API answered the node's status write that the
+// Node object does not exist, before its deletion was read from the
+// informer: what it had mounted last is unknown until then (SetNode with
+// its last state, then DeleteNode), so anything attached there may be
+// mounted. Another Node object read since the write began (one created
+// again, whose sync came before this answer) is not the one gone: nothing
+// changes. It returns the keys of its attachments.
 func (a *ActualState) NodeGone(name string) []Key {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n, ok := a.nodes[name]
-	if !ok || !n.info.Exists {
+	if !ok || !n.info.Exists || n.info.UID != n.writeUID {
 		return nil
 	}
 	n.info = NodeInfo{Managed: n.info.Managed}
@@ -389,6 +396,21 @@ func (a *ActualState) AttachedElsewhere(names []volume.Name, node string) []Key 
 				keys = append(keys, Key{Volume: name, Node: n})
 			}
 		}
+	}
+	return keys
+}
+
+// KeysOn returns the key of every attachment on node.
+func (a *ActualState) KeysOn(node string) []Key {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	n := a.nodes[node]
+	if n == nil {
+		return nil
+	}
+	keys := make([]Key, 0, len(n.attachments))
+	for v := range n.attachments {
+		keys = append(keys, Key{Volume: v, Node: node})
 	}
 	return keys
 }
@@ -444,6 +466,7 @@ func (a *ActualState) BeginReport(node string) (want []v1.AttachedVolume, change
 	n.writing = changed
 	if changed {
 		n.holdSince = time.Time{}
+		n.writeUID = n.info.UID
 	}
 	return want, changed
 }

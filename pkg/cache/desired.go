@@ -31,6 +31,11 @@ type DesiredState struct {
 	// (SetPartial), so a volume no pod wants here may yet be wanted by a
 	// pod not read so far.
 	partial bool
+	// unread: per node, the pods on it not read since it became managed
+	// (MarkUnread): read while it was not, they want nothing here yet.
+	// unreadOn is the node of each of those pods.
+	unread   map[string]map[string]struct{}
+	unreadOn map[string]string
 }
 
 type podWants struct {
@@ -153,6 +158,8 @@ func NewDesiredState() *DesiredState {
 		entries:  map[Key]*desiredEntry{},
 		names:    map[volume.Name]nameUses{},
 		byPlugin: map[string]int{},
+		unread:   map[string]map[string]struct{}{},
+		unreadOn: map[string]string{},
 	}
 }
 
@@ -169,6 +176,58 @@ func (d *DesiredState) Partial() bool {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	return d.partial
+}
+
+// MarkUnread says that the pods on node (keys "namespace/name") remain to
+// be read since it became managed; none clears the mark. Until each is read
+// (Read), no attachment on the node may be taken as unwanted (PartialOn).
+func (d *DesiredState) MarkUnread(node string, pods []string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for p := range d.unread[node] {
+		delete(d.unreadOn, p)
+	}
+	delete(d.unread, node)
+	if len(pods) == 0 {
+		return
+	}
+	set := make(map[string]struct{}, len(pods))
+	for _, p := range pods {
+		if other, ok := d.unreadOn[p]; ok && other != node {
+			delete(d.unread[other], p)
+		}
+		set[p] = struct{}{}
+		d.unreadOn[p] = node
+	}
+	d.unread[node] = set
+}
+
+// Read records that the pod was read with its node managed (or that it is
+// gone, or needs nothing); it returns the node whose last unread pod it was,
+// or "".
+func (d *DesiredState) Read(podKey string) (lastOn string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	node, ok := d.unreadOn[podKey]
+	if !ok {
+		return ""
+	}
+	delete(d.unreadOn, podKey)
+	delete(d.unread[node], podKey)
+	if len(d.unread[node]) > 0 {
+		return ""
+	}
+	delete(d.unread, node)
+	return node
+}
+
+// PartialOn reports whether pods that may want a volume on node remain to
+// be read: since the controller started (SetPartial) or since the node
+// became managed (MarkUnread).
+func (d *DesiredState) PartialOn(node string) bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.partial || len(d.unread[node]) > 0
 }
 
 // SetPod replaces what pod wants on node with specs (nil or empty: nothing).

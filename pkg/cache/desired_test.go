@@ -388,3 +388,35 @@ func TestDesiredStateStats(t *testing.T) {
 		})
 	}
 }
+
+// A node's pods left to read after it became managed: the node is partial
+// until the last is read, whatever the order; a pod marked again on another
+// node counts there only; clearing the mark ends it.
+func TestUnreadPodsOfANode(t *testing.T) {
+	d := NewDesiredState()
+	d.MarkUnread("n1", []string{"ns/a", "ns/b"})
+	d.MarkUnread("n2", []string{"ns/c"})
+	if !d.PartialOn("n1") || !d.PartialOn("n2") || d.PartialOn("n3") {
+		t.Fatal("PartialOn does not follow the marks")
+	}
+	if node := d.Read("ns/b"); node != "" || !d.PartialOn("n1") {
+		t.Errorf("after one of two pods read: Read = %q, partial %v; want \"\", true", node, d.PartialOn("n1"))
+	}
+	if node := d.Read("ns/x"); node != "" {
+		t.Errorf("a pod never marked: Read = %q", node)
+	}
+	if node := d.Read("ns/a"); node != "n1" || d.PartialOn("n1") {
+		t.Errorf("after the last pod read: Read = %q, partial %v; want n1, false", node, d.PartialOn("n1"))
+	}
+	if node := d.Read("ns/a"); node != "" {
+		t.Errorf("read twice: Read = %q", node)
+	}
+	d.MarkUnread("n2", nil)
+	if d.PartialOn("n2") || d.Read("ns/c") != "" {
+		t.Error("a cleared mark still counts")
+	}
+	d.SetPartial(true)
+	if !d.PartialOn("n3") {
+		t.Error("PartialOn ignores the restart's partial state")
+	}
+}

@@ -78,6 +78,9 @@ func TestNodeGoneMountsUnknownUntilItsLastStateIsRead(t *testing.T) {
 	a := NewActualState()
 	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, InUse: map[volume.Name]bool{}})
 	a.Update(k(volA, "n1"), true, func(at *Attachment) { at.State = Attached })
+	if _, changed := a.BeginReport("n1"); !changed {
+		t.Fatal("no write of the attached volume")
+	}
 	if keys := a.NodeGone("n1"); len(keys) != 1 {
 		t.Fatalf("NodeGone touched %v", keys)
 	}
@@ -91,6 +94,38 @@ func TestNodeGoneMountsUnknownUntilItsLastStateIsRead(t *testing.T) {
 	a.DeleteNode("n1")
 	if n, _ := a.Node("n1"); n.Exists || !n.Seen || !n.Mounted(volA) {
 		t.Errorf("deleted node %+v: want its last in-use list", n)
+	}
+}
+
+// A status write that finds the node gone, answered after the node was
+// created again and read: the node read is the new one, which exists.
+func TestNodeGoneAfterTheNodeCameBack(t *testing.T) {
+	a := NewActualState()
+	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, ResourceVersion: "10", UID: "first", InUse: map[volume.Name]bool{}})
+	a.Update(k(volA, "n1"), true, func(at *Attachment) { at.State = Attached })
+	if _, changed := a.BeginReport("n1"); !changed {
+		t.Fatal("no write of the attached volume")
+	}
+	// An update of the object deleted, read late: it is the one gone.
+	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, ResourceVersion: "11", UID: "first", InUse: map[volume.Name]bool{}})
+	if keys := a.NodeGone("n1"); len(keys) != 1 {
+		t.Errorf("NodeGone touched %v after a late update of the node deleted, want its attachment", keys)
+	}
+	// Created again; the new object is read before the write's answer.
+	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, ResourceVersion: "30", UID: "second", InUse: map[volume.Name]bool{}})
+	if _, changed := a.BeginReport("n1"); !changed {
+		t.Fatal("no write of the attached volume")
+	}
+	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, ResourceVersion: "40", UID: "third", InUse: map[volume.Name]bool{}})
+	if keys := a.NodeGone("n1"); len(keys) != 0 {
+		t.Errorf("NodeGone touched %v for a node read since the write began", keys)
+	}
+	if n, _ := a.Node("n1"); !n.Exists || !n.Ready {
+		t.Errorf("node created again %+v: want it to exist, Ready", n)
+	}
+	a.EndReport("n1", nil, true)
+	if want, changed := a.BeginReport("n1"); !changed || len(want) != 1 {
+		t.Errorf("BeginReport = %v, %v; want a write listing the attached volume on the node created again", want, changed)
 	}
 }
 

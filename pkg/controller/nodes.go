@@ -25,6 +25,7 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	delete(c.goneNodes, name)
 	c.mu.Unlock()
 	if apierrors.IsNotFound(err) {
+		c.desired.MarkUnread(name, nil)
 		if last != nil {
 			// What the node had mounted when it went, not when last synced.
 			c.actual.SetNode(name, NodeInfo(last))
@@ -48,11 +49,28 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 		return nil
 	}
 	info := NodeInfo(node)
+	readPods := (!known || !old.Exists || old.Managed != info.Managed || last != nil) && !c.podsReadLater
+	if readPods {
+		// Its pods were read while the node was unknown, gone (a delete
+		// and a create may reach this sync as one) or unmanaged: they
+		// wanted nothing here. Until each is read again, no attachment
+		// here is taken as unwanted (set before the facts say managed).
+		var pods []string
+		if info.Managed {
+			pods = c.nodePods(name)
+		}
+		c.desired.MarkUnread(name, pods)
+	}
 	touched := c.actual.SetNode(name, info)
-	if (!known || !old.Exists || old.Managed != info.Managed || last != nil) && !c.podsReadLater {
-		// Its pods were synced while the node was unknown, gone (a delete
-		// and a create may reach this sync as one) or unmanaged.
+	if readPods {
 		c.enqueueNodePods(name)
+		// And a volume already wanted there may have been looked at before
+		// this sync: its pod read again through the handler (which queues a
+		// node's pods when it becomes managed) with the node's facts still
+		// saying unmanaged. Reading the pod again changes nothing, and the
+		// facts just set touch only attachments: that look is the one that
+		// wakes it.
+		touched = append(touched, c.desiredOn(name)...)
 	}
 	if !sameAttached(node.Status.VolumesAttached, c.actual.Reported(name)) {
 		c.statusDiffers(ctx, name, node.Status.VolumesAttached)
@@ -61,9 +79,41 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	return nil
 }
 
+// nodePods returns the keys of the pods on node.
+func (c *Controller) nodePods(node string) []string {
+	objs, err := c.podIndex.ByIndex(indexByNode, node)
+	if err != nil {
+		return nil
+	}
+	keys := make([]string, 0, len(objs))
+	for _, obj := range objs {
+		if p, ok := obj.(*v1.Pod); ok {
+			keys = append(keys, p.Namespace+"/"+p.Name)
+		}
+	}
+	return keys
+}
+
+// desiredOn returns the keys the pods on node want, as last read.
+func (c *Controller) desiredOn(node string) []cache.Key {
+	objs, err := c.podIndex.ByIndex(indexByNode, node)
+	if err != nil {
+		return nil
+	}
+	var keys []cache.Key
+	for _, obj := range objs {
+		if p, ok := obj.(*v1.Pod); ok {
+			for _, pv := range c.desired.PodVolumes(p.Namespace+"/"+p.Name, string(p.UID)) {
+				keys = append(keys, cache.Key{Volume: pv.Spec.Name, Node: node})
+			}
+		}
+	}
+	return keys
+}
+
 // NodeInfo is what the controller reads of a Node.
 func NodeInfo(node *v1.Node) cache.NodeInfo {
-	info := cache.NodeInfo{Exists: true, ResourceVersion: node.ResourceVersion, InUse: map[volume.Name]bool{}}
+	info := cache.NodeInfo{Exists: true, ResourceVersion: node.ResourceVersion, UID: string(node.UID), InUse: map[volume.Name]bool{}}
 	info.Managed = managed(node)
 	for _, c := range node.Status.Conditions {
 		if c.Type == v1.NodeReady {

@@ -37,30 +37,65 @@ func (c *Controller) readPod(ctx context.Context, key string) ([]cache.Key, erro
 	pod, err := c.pods.Pods(ns).Get(name)
 	if apierrors.IsNotFound(err) {
 		c.forgetProblems(key)
-		return c.desired.DeletePod(key), nil
+		return c.read(key, c.desired.DeletePod(key)), nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get pod %s: %w", key, err)
 	}
 	ref := cache.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)}
-	if !c.needsAttach(pod) {
+	switch c.podPlace(pod) {
+	case placeNone:
+		return c.read(key, c.desired.SetPod(ref, pod.Spec.NodeName, nil)), nil
+	case placeUnknownNode:
+		// Its node is gone, or not seen yet: the pod is read again when
+		// it comes (nodeAdded, syncNode).
 		return c.desired.SetPod(ref, pod.Spec.NodeName, nil), nil
+	case placeUnmanagedNode:
+		// Its kubelet attaches and detaches; nothing is done there
+		// (Decide). What the pod wanted stays as it was: a read that sees
+		// the node unmanaged before the node's facts do takes nothing away
+		// where the controller still acts. The pod is read again when the
+		// node is managed again (syncNode).
+		return nil, nil
 	}
 	vols := c.podVolumes(ctx, pod)
 	touched := c.desired.SetPodVolumes(ref, pod.Spec.NodeName, vols)
 	c.countDecisions(vols, touched)
-	return touched, nil
+	return c.read(key, touched), nil
 }
 
-func (c *Controller) needsAttach(pod *v1.Pod) bool {
+// read records that the pod was read with its node managed (or that it
+// needs nothing anywhere): the last pod read on a node that became managed
+// adds the node's attachments to touched, for they waited on it.
+func (c *Controller) read(key string, touched []cache.Key) []cache.Key {
+	if node := c.desired.Read(key); node != "" {
+		touched = append(touched, c.actual.KeysOn(node)...)
+	}
+	return touched
+}
+
+// place is where a pod stands for attaching its volumes.
+type place int
+
+const (
+	placeManagedNode   place = iota // they are attached to its node
+	placeNone                       // not scheduled, or terminated: none is
+	placeUnknownNode                // its node is not in the lister
+	placeUnmanagedNode              // its node's kubelet attaches them
+)
+
+func (c *Controller) podPlace(pod *v1.Pod) place {
 	if pod.Spec.NodeName == "" || podTerminated(pod) {
-		return false
+		return placeNone
 	}
 	node, err := c.nodes.Get(pod.Spec.NodeName)
-	if err != nil {
-		return false
+	switch {
+	case err != nil:
+		return placeUnknownNode
+	case !managed(node):
+		return placeUnmanagedNode
 	}
-	return managed(node)
+	return placeManagedNode
 }
 
 // managed tells whether the node's kubelet leaves attach and detach to

@@ -1,6 +1,9 @@
 package controller
 
 import (
+	"slices"
+	"strings"
+
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -147,5 +150,131 @@ func TestSyncNode(t *testing.T) {
 			checkList(t, "node status queued", f.queued(QueueNodeStatus), tc.wantStatus)
 			checkList(t, "API writes", f.writes(), nil)
 		})
+	}
+}
+
+// A node that becomes managed: the handler queues its pods before the node
+// itself, so a pod may be read again, and its volume looked at, while the
+// node's facts still say unmanaged (nothing to do). The node's sync then
+// looks at that volume again, or nothing would: reading the pod again
+// changes nothing.
+func TestNodeBecomingManagedWakesItsWantedVolumes(t *testing.T) {
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), pod("pod-a", "node-1", "claim-a")}
+	f := newFixture(t, append(vol, node("node-1", unmanaged))...)
+	if err := f.c.syncNode(f.ctx, "node-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.c.syncPod(f.ctx, "default/pod-a"); err != nil {
+		t.Fatal(err)
+	}
+	if f.c.desired.Wanted(k) {
+		t.Fatalf("%v wanted on an unmanaged node", k)
+	}
+	f.load(append(vol, node("node-1", resourceVersion("11")))...)
+	if err := f.c.syncPod(f.ctx, "default/pod-a"); err != nil {
+		t.Fatal(err)
+	}
+	f.drain()
+	checkList(t, "API writes before the node's sync", f.writes(), nil)
+	f.reset()
+	if err := f.c.syncNode(f.ctx, "node-1"); err != nil {
+		t.Fatal(err)
+	}
+	checkList(t, "volume keys queued by the node's sync", f.queued(QueueVolumes), []string{key("h1", "node-1")})
+	f.drain()
+	checkList(t, "API writes after the node's sync", f.writes(), []string{
+		"create volumeattachments " + volume.AttachmentName("h1", driver, "node-1")})
+}
+
+// A node that stops being managed: its pod read through the handler before
+// the node's facts say so still wants its volume, so that the volume is not
+// taken as unwanted where the controller still acts (no withdraw, no start
+// of the max wait for unmount).
+func TestPodReadOnNodeGoingUnmanagedKeepsItsVolume(t *testing.T) {
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), pod("pod-a", "node-1", "claim-a"), va("claim-a", "h1", "node-1")}
+	f := newFixture(t, append(vol, node("node-1"))...)
+	if err := f.c.syncNode(f.ctx, "node-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.c.syncAttachment(f.ctx, volume.AttachmentName("h1", driver, "node-1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.c.syncPod(f.ctx, "default/pod-a"); err != nil {
+		t.Fatal(err)
+	}
+	f.drain()
+	f.reset()
+	f.load(append(vol, node("node-1", unmanaged, resourceVersion("11")))...)
+	if err := f.c.syncPod(f.ctx, "default/pod-a"); err != nil {
+		t.Fatal(err)
+	}
+	if !f.c.desired.Wanted(k) {
+		t.Errorf("%v no longer wanted after its pod was read on a node going unmanaged", k)
+	}
+	f.volumes.Add(k)
+	f.drain()
+	checkList(t, "API writes", f.writes(), nil)
+	if a, _ := f.c.actual.Get(k); a.Withdrawn || !a.DetachWanted.IsZero() {
+		t.Errorf("%v: withdrawn %v, detach wanted since %v; want neither", k, a.Withdrawn, a.DetachWanted)
+	}
+}
+
+// A node that becomes managed with a volume attached and a pod created
+// while it was not: until that pod is read, the volume is not taken as
+// unwanted; once it is, the volume stays, and an attachment no pod wants
+// (waiting too) is looked at again.
+func TestNodeBecomingManagedWaitsForItsPods(t *testing.T) {
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	orphan := cache.Key{Volume: volume.CSIName(driver, "h9"), Node: "node-1"}
+	vol := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b"), pod("pod-b", "node-1", "claim-b"), va("claim-b", "h1", "node-1"),
+		csiPV("claim-z", "h9"), va("claim-z", "h9", "node-1")}
+	f := newFixture(t, append(vol, node("node-1", unmanaged))...)
+	if err := f.c.syncNode(f.ctx, "node-1"); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"h1", "h9"} {
+		if err := f.c.syncAttachment(f.ctx, volume.AttachmentName(h, driver, "node-1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.c.syncPod(f.ctx, "default/pod-b"); err != nil {
+		t.Fatal(err)
+	}
+	f.drain()
+	f.reset()
+	f.load(append(vol, node("node-1", resourceVersion("11")))...)
+	if err := f.c.syncNode(f.ctx, "node-1"); err != nil {
+		t.Fatal(err)
+	}
+	checkList(t, "pods queued by the node's sync", f.queued(QueuePods), []string{"default/pod-b"})
+	f.drain()
+	for _, k := range []cache.Key{k, orphan} {
+		if d := f.c.reconciler.Decide(k, epoch); d.Action != "wait" || !strings.Contains(d.Reason, "which became managed") {
+			t.Errorf("%v before the node's pod is read: %v, want a wait for the node's pods", k, d)
+		}
+		if a, _ := f.c.actual.Get(k); a.Withdrawn || !a.DetachWanted.IsZero() {
+			t.Errorf("%v before the node's pod is read: withdrawn %v, detach wanted since %v; want neither", k, a.Withdrawn, a.DetachWanted)
+		}
+	}
+	f.reset()
+	if err := f.c.syncPod(f.ctx, "default/pod-b"); err != nil {
+		t.Fatal(err)
+	}
+	if q := f.volumes.addedNames(); !slices.Contains(q, orphan.String()) {
+		t.Errorf("volume keys queued by the read of the node's last pod: %v, want %v among them", q, orphan)
+	}
+	f.drain()
+	for _, w := range f.writes() {
+		if strings.HasPrefix(w, "delete") && w != "delete volumeattachments "+volume.AttachmentName("h9", driver, "node-1") {
+			t.Errorf("write after the pod was read: %s, want only the orphan's detach", w)
+		}
+	}
+	if a, ok := f.c.actual.Get(orphan); ok && a.DetachStarted.IsZero() {
+		t.Errorf("%v: no detach started once the node's pods are read", orphan)
+	}
+	if d := f.c.reconciler.Decide(k, epoch); d.Action != "nothing" || !f.c.desired.Wanted(k) {
+		t.Errorf("%v once its pod is read: %v, wanted %v; want it wanted, nothing to do", k, d, f.c.desired.Wanted(k))
 	}
 }

@@ -56,7 +56,8 @@ type Decision struct {
 	// Elsewhere lists the other nodes holding a single-node volume.
 	Elsewhere []cache.Key
 	// Unread, with Wait: the volume is not known to be unwanted yet, pods
-	// remain to be read after a restart (DesiredState.Partial).
+	// remain to be read after a restart or on a node that became managed
+	// (DesiredState.PartialOn).
 	Unread bool
 }
 
@@ -132,10 +133,14 @@ func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time
 	if r.desired.Wanted(k) {
 		return d.with(Nothing, "wanted under another name by a pod on node %s", k.Node)
 	}
-	if d.Attachment.State != cache.Detaching && r.desired.Partial() {
-		// Every key gets a look once the last pod is read (Recovery.Finish).
+	if d.Attachment.State != cache.Detaching && r.desired.PartialOn(k.Node) {
+		// Every key gets a look once the last pod is read (Recovery.Finish),
+		// every key on the node once its last pod is (Controller.readPod).
 		d.Unread = true
-		return d.with(Wait, "reading every pod after the controller started before deciding no pod on node %s wants it", k.Node)
+		if r.desired.Partial() {
+			return d.with(Wait, "reading every pod after the controller started before deciding no pod on node %s wants it", k.Node)
+		}
+		return d.with(Wait, "reading the pods of node %s, which became managed, before deciding none wants it", k.Node)
 	}
 	if d.Attachment.State == cache.Detaching {
 		if d.Attachment.DetachError != "" {

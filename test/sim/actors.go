@@ -337,6 +337,18 @@ func (s *Sim) workload() {
 		p.Status.Phase = v1.PodSucceeded
 		s.tracef("workload: pod %s succeeded", p.Name)
 		s.w.update(rPods, p)
+	case x >= 12.7 && x < 13 && len(nodes) > 0:
+		// The node's kubelet is told to attach and detach by itself, or
+		// to leave it to the controller again.
+		n := nodes[pick(len(nodes))].(*v1.Node).DeepCopy()
+		if _, ok := n.Annotations[managed]; ok {
+			delete(n.Annotations, managed)
+		} else {
+			n.Annotations = map[string]string{managed: "true"}
+		}
+		s.stats["fault: node managed toggled"]++
+		s.tracef("workload: node %s managed=%v", n.Name, n.Annotations[managed] != "")
+		s.w.update(rNodes, n)
 	case x < 13 && len(nodes) > 0:
 		n := nodes[pick(len(nodes))].(*v1.Node).DeepCopy()
 		st := v1.ConditionTrue
@@ -437,6 +449,11 @@ func (s *Sim) heal() {
 		if name := nodeName(i); s.w.node(name) != nil && s.w.get(rCSINodes, name) == nil {
 			s.createCSINode(name)
 		}
+		if n := s.w.node(nodeName(i)); n != nil && n.Annotations[managed] == "" {
+			n = n.DeepCopy()
+			n.Annotations = map[string]string{managed: "true"}
+			s.w.update(rNodes, n)
+		}
 	}
-	s.tracef("heal: deleting pods gone, claims and CSINodes back; no more faults")
+	s.tracef("heal: deleting pods gone, claims, CSINodes and managed nodes back; no more faults")
 }
