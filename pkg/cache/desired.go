@@ -206,6 +206,13 @@ func (d *DesiredState) MarkUnread(node string, pods []string) {
 // gone, or needs nothing); it returns the node whose last unread pod it was,
 // or "".
 func (d *DesiredState) Read(podKey string) (lastOn string) {
+	d.mu.RLock()
+	_, ok := d.unreadOn[podKey]
+	d.mu.RUnlock()
+	if !ok {
+		// Almost always: no node became managed lately.
+		return ""
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	node, ok := d.unreadOn[podKey]
