@@ -31,8 +31,8 @@ type DesiredState struct {
 	// (SetPartial), so a volume no pod wants here may yet be wanted by a
 	// pod not read so far.
 	partial bool
-	// unread: per node, the pods on it not read since it became managed
-	// (MarkUnread): read while it was not, they want nothing here yet.
+	// unread: per node, the pods on it read last while it was unmanaged
+	// or missing (MarkUnread): they want nothing there yet, maybe wrongly.
 	// unreadOn is the node of each of those pods.
 	unread   map[string]map[string]struct{}
 	unreadOn map[string]string
@@ -178,43 +178,44 @@ func (d *DesiredState) Partial() bool {
 	return d.partial
 }
 
-// MarkUnread says that the pods on node (keys "namespace/name") remain to
-// be read since it became managed; none clears the mark. Until each is read
-// (Read), no attachment on the node may be taken as unwanted (PartialOn).
-func (d *DesiredState) MarkUnread(node string, pods []string) {
+// MarkUnread records that the pod was read while its node was unmanaged,
+// or missing from the node lister while known to exist: what it wants there
+// is not known, so no attachment on the node may be taken as unwanted
+// (PartialOn) until it is read with the node managed (Read). It returns the
+// node whose last unread pod it was, if the pod was marked on another node
+// before (a pod of the same name), or "".
+func (d *DesiredState) MarkUnread(podKey, node string) (emptied string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for p := range d.unread[node] {
-		delete(d.unreadOn, p)
+	emptied = d.readLocked(podKey)
+	if d.unread[node] == nil {
+		d.unread[node] = map[string]struct{}{}
 	}
-	delete(d.unread, node)
-	if len(pods) == 0 {
-		return
+	d.unread[node][podKey] = struct{}{}
+	d.unreadOn[podKey] = node
+	if emptied == node {
+		emptied = ""
 	}
-	set := make(map[string]struct{}, len(pods))
-	for _, p := range pods {
-		if other, ok := d.unreadOn[p]; ok && other != node {
-			delete(d.unread[other], p)
-		}
-		set[p] = struct{}{}
-		d.unreadOn[p] = node
-	}
-	d.unread[node] = set
+	return emptied
 }
 
-// Read records that the pod was read with its node managed (or that it is
-// gone, or needs nothing); it returns the node whose last unread pod it was,
-// or "".
-func (d *DesiredState) Read(podKey string) (lastOn string) {
+// Read records that the pod was read with its node managed (or that it
+// needs nothing anywhere, or is gone); it returns the node whose last
+// unread pod it was, or "".
+func (d *DesiredState) Read(podKey string) (emptied string) {
 	d.mu.RLock()
 	_, ok := d.unreadOn[podKey]
 	d.mu.RUnlock()
 	if !ok {
-		// Almost always: no node became managed lately.
+		// Almost always: no pod was read on an unmanaged node lately.
 		return ""
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	return d.readLocked(podKey)
+}
+
+func (d *DesiredState) readLocked(podKey string) (emptied string) {
 	node, ok := d.unreadOn[podKey]
 	if !ok {
 		return ""
@@ -228,9 +229,22 @@ func (d *DesiredState) Read(podKey string) (lastOn string) {
 	return node
 }
 
+// ClearUnread forgets the unread pods of a node that is gone; it reports
+// whether it had any.
+func (d *DesiredState) ClearUnread(node string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	pods, ok := d.unread[node]
+	for p := range pods {
+		delete(d.unreadOn, p)
+	}
+	delete(d.unread, node)
+	return ok
+}
+
 // PartialOn reports whether pods that may want a volume on node remain to
-// be read: since the controller started (SetPartial) or since the node
-// became managed (MarkUnread).
+// be read: since the controller started (SetPartial), or read last while
+// the node was unmanaged or missing (MarkUnread).
 func (d *DesiredState) PartialOn(node string) bool {
 	d.mu.RLock()
 	defer d.mu.RUnlock()

@@ -389,13 +389,17 @@ func TestDesiredStateStats(t *testing.T) {
 	}
 }
 
-// A node's pods left to read after it became managed: the node is partial
-// until the last is read, whatever the order; a pod marked again on another
-// node counts there only; clearing the mark ends it.
+// Pods read while their node was unmanaged or missing: the node is partial
+// until the last is read again, whatever the order; a pod of the same name
+// marked on another node counts there only (the first node's set ends with
+// it); a node gone forgets its own.
 func TestUnreadPodsOfANode(t *testing.T) {
 	d := NewDesiredState()
-	d.MarkUnread("n1", []string{"ns/a", "ns/b"})
-	d.MarkUnread("n2", []string{"ns/c"})
+	for _, m := range [][2]string{{"ns/a", "n1"}, {"ns/b", "n1"}, {"ns/c", "n2"}} {
+		if emptied := d.MarkUnread(m[0], m[1]); emptied != "" {
+			t.Errorf("MarkUnread(%s, %s) = %q, want \"\"", m[0], m[1], emptied)
+		}
+	}
 	if !d.PartialOn("n1") || !d.PartialOn("n2") || d.PartialOn("n3") {
 		t.Fatal("PartialOn does not follow the marks")
 	}
@@ -405,15 +409,21 @@ func TestUnreadPodsOfANode(t *testing.T) {
 	if node := d.Read("ns/x"); node != "" {
 		t.Errorf("a pod never marked: Read = %q", node)
 	}
+	if node := d.MarkUnread("ns/a", "n1"); node != "" || !d.PartialOn("n1") {
+		t.Errorf("marked again on its node: MarkUnread = %q, partial %v; want \"\", true", node, d.PartialOn("n1"))
+	}
 	if node := d.Read("ns/a"); node != "n1" || d.PartialOn("n1") {
 		t.Errorf("after the last pod read: Read = %q, partial %v; want n1, false", node, d.PartialOn("n1"))
 	}
 	if node := d.Read("ns/a"); node != "" {
 		t.Errorf("read twice: Read = %q", node)
 	}
-	d.MarkUnread("n2", nil)
-	if d.PartialOn("n2") || d.Read("ns/c") != "" {
-		t.Error("a cleared mark still counts")
+	if node := d.MarkUnread("ns/c", "n3"); node != "n2" || d.PartialOn("n2") || !d.PartialOn("n3") {
+		t.Errorf("a pod of the same name on another node: MarkUnread = %q, partial n2 %v, n3 %v; want n2, false, true",
+			node, d.PartialOn("n2"), d.PartialOn("n3"))
+	}
+	if !d.ClearUnread("n3") || d.PartialOn("n3") || d.Read("ns/c") != "" || d.ClearUnread("n3") {
+		t.Error("a node gone still counts its pods")
 	}
 	d.SetPartial(true)
 	if !d.PartialOn("n3") {

@@ -25,7 +25,10 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	delete(c.goneNodes, name)
 	c.mu.Unlock()
 	if apierrors.IsNotFound(err) {
-		c.desired.MarkUnread(name, nil)
+		if c.desired.ClearUnread(name) {
+			// Its pods read while it was missing wait no more.
+			c.touch(c.actual.KeysOn(name)...)
+		}
 		if last != nil {
 			// What the node had mounted when it went, not when last synced.
 			c.actual.SetNode(name, NodeInfo(last))
@@ -49,20 +52,12 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 		return nil
 	}
 	info := NodeInfo(node)
-	readPods := (!known || !old.Exists || old.Managed != info.Managed || last != nil) && !c.podsReadLater
-	if readPods {
+	touched := c.actual.SetNode(name, info)
+	if (!known || !old.Exists || old.Managed != info.Managed || last != nil) && !c.podsReadLater {
 		// Its pods were read while the node was unknown, gone (a delete
 		// and a create may reach this sync as one) or unmanaged: they
-		// wanted nothing here. Until each is read again, no attachment
-		// here is taken as unwanted (set before the facts say managed).
-		var pods []string
-		if info.Managed {
-			pods = c.nodePods(name)
-		}
-		c.desired.MarkUnread(name, pods)
-	}
-	touched := c.actual.SetNode(name, info)
-	if readPods {
+		// wanted nothing here, and until each is read again nothing here
+		// is taken as unwanted for want of it (readPod's MarkUnread).
 		c.enqueueNodePods(name)
 		// And a volume already wanted there may have been looked at before
 		// this sync: its pod read again through the handler (which queues a
@@ -77,21 +72,6 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	}
 	c.touch(touched...)
 	return nil
-}
-
-// nodePods returns the keys of the pods on node.
-func (c *Controller) nodePods(node string) []string {
-	objs, err := c.podIndex.ByIndex(indexByNode, node)
-	if err != nil {
-		return nil
-	}
-	keys := make([]string, 0, len(objs))
-	for _, obj := range objs {
-		if p, ok := obj.(*v1.Pod); ok {
-			keys = append(keys, p.Namespace+"/"+p.Name)
-		}
-	}
-	return keys
 }
 
 // desiredOn returns the keys the pods on node want, as last read.

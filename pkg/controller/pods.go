@@ -37,38 +37,42 @@ func (c *Controller) readPod(ctx context.Context, key string) ([]cache.Key, erro
 	pod, err := c.pods.Pods(ns).Get(name)
 	if apierrors.IsNotFound(err) {
 		c.forgetProblems(key)
-		return c.read(key, c.desired.DeletePod(key)), nil
+		return c.woken(c.desired.Read(key), c.desired.DeletePod(key)), nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get pod %s: %w", key, err)
 	}
 	ref := cache.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)}
+	node := pod.Spec.NodeName
 	switch c.podPlace(pod) {
 	case placeNone:
-		return c.read(key, c.desired.SetPod(ref, pod.Spec.NodeName, nil)), nil
-	case placeUnknownNode:
-		// Its node is gone, or not seen yet: the pod is read again when
-		// it comes (nodeAdded, syncNode).
-		return c.desired.SetPod(ref, pod.Spec.NodeName, nil), nil
+		return c.woken(c.desired.Read(key), c.desired.SetPod(ref, node, nil)), nil
 	case placeUnmanagedNode:
 		// Its kubelet attaches and detaches; nothing is done there
-		// (Decide). What the pod wanted stays as it was: a read that sees
-		// the node unmanaged before the node's facts do takes nothing away
-		// where the controller still acts. The pod is read again when the
-		// node is managed again (syncNode).
-		return nil, nil
+		// (Decide). But the node's facts may not say so yet, or may say
+		// managed again before the pod is read again (the node's handler
+		// queues its pods then): until it is, nothing there is taken as
+		// unwanted for want of this pod.
+		return c.woken(c.desired.MarkUnread(key, node), c.desired.SetPod(ref, node, nil)), nil
+	case placeUnknownNode:
+		if n, ok := c.actual.Node(node); ok && n.Exists {
+			// Deleted, the node's sync not done yet, or deleted and created
+			// again (its add queues its pods): as above.
+			return c.woken(c.desired.MarkUnread(key, node), c.desired.SetPod(ref, node, nil)), nil
+		}
+		// Gone, or never seen: nothing there waits on the pod.
+		return c.woken(c.desired.Read(key), c.desired.SetPod(ref, node, nil)), nil
 	}
 	vols := c.podVolumes(ctx, pod)
-	touched := c.desired.SetPodVolumes(ref, pod.Spec.NodeName, vols)
+	touched := c.desired.SetPodVolumes(ref, node, vols)
 	c.countDecisions(vols, touched)
-	return c.read(key, touched), nil
+	return c.woken(c.desired.Read(key), touched), nil
 }
 
-// read records that the pod was read with its node managed (or that it
-// needs nothing anywhere): the last pod read on a node that became managed
-// adds the node's attachments to touched, for they waited on it.
-func (c *Controller) read(key string, touched []cache.Key) []cache.Key {
-	if node := c.desired.Read(key); node != "" {
+// woken adds to touched the attachments on node, whose last unread pod was
+// just read (DesiredState.Read, MarkUnread): they may have waited on it.
+func (c *Controller) woken(node string, touched []cache.Key) []cache.Key {
+	if node != "" {
 		touched = append(touched, c.actual.KeysOn(node)...)
 	}
 	return touched

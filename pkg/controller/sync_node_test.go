@@ -3,7 +3,6 @@ package controller
 import (
 	"slices"
 	"strings"
-
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -188,10 +187,10 @@ func TestNodeBecomingManagedWakesItsWantedVolumes(t *testing.T) {
 }
 
 // A node that stops being managed: its pod read through the handler before
-// the node's facts say so still wants its volume, so that the volume is not
-// taken as unwanted where the controller still acts (no withdraw, no start
-// of the max wait for unmount).
-func TestPodReadOnNodeGoingUnmanagedKeepsItsVolume(t *testing.T) {
+// the node's facts say so wants nothing there any more, but its volume is
+// not taken as unwanted where the controller still acts (no withdraw, no
+// start of the max wait for unmount).
+func TestPodReadOnNodeGoingUnmanagedTakesNothingAway(t *testing.T) {
 	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
 	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), pod("pod-a", "node-1", "claim-a"), va("claim-a", "h1", "node-1")}
 	f := newFixture(t, append(vol, node("node-1"))...)
@@ -210,8 +209,8 @@ func TestPodReadOnNodeGoingUnmanagedKeepsItsVolume(t *testing.T) {
 	if err := f.c.syncPod(f.ctx, "default/pod-a"); err != nil {
 		t.Fatal(err)
 	}
-	if !f.c.desired.Wanted(k) {
-		t.Errorf("%v no longer wanted after its pod was read on a node going unmanaged", k)
+	if d := f.c.reconciler.Decide(k, epoch); d.Action != "wait" || !strings.Contains(d.Reason, "read while it was unmanaged") {
+		t.Errorf("%v after its pod was read on a node going unmanaged: %v, want a wait for the pod", k, d)
 	}
 	f.volumes.Add(k)
 	f.drain()
@@ -251,7 +250,7 @@ func TestNodeBecomingManagedWaitsForItsPods(t *testing.T) {
 	checkList(t, "pods queued by the node's sync", f.queued(QueuePods), []string{"default/pod-b"})
 	f.drain()
 	for _, k := range []cache.Key{k, orphan} {
-		if d := f.c.reconciler.Decide(k, epoch); d.Action != "wait" || !strings.Contains(d.Reason, "which became managed") {
+		if d := f.c.reconciler.Decide(k, epoch); d.Action != "wait" || !strings.Contains(d.Reason, "read while it was unmanaged") {
 			t.Errorf("%v before the node's pod is read: %v, want a wait for the node's pods", k, d)
 		}
 		if a, _ := f.c.actual.Get(k); a.Withdrawn || !a.DetachWanted.IsZero() {
@@ -276,5 +275,93 @@ func TestNodeBecomingManagedWaitsForItsPods(t *testing.T) {
 	}
 	if d := f.c.reconciler.Decide(k, epoch); d.Action != "nothing" || !f.c.desired.Wanted(k) {
 		t.Errorf("%v once its pod is read: %v, wanted %v; want it wanted, nothing to do", k, d, f.c.desired.Wanted(k))
+	}
+}
+
+// A pod read while its node was unmanaged holds the node's attachments
+// whatever path makes the node's facts say managed: here the answer of a
+// node status write, before the node's sync.
+func TestPodReadWhileUnmanagedHoldsWhenAWriteSaysManaged(t *testing.T) {
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	vol := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b"), pod("pod-b", "node-1", "claim-b"), va("claim-b", "h1", "node-1")}
+	f := newFixture(t, append(vol, node("node-1", unmanaged))...)
+	if err := f.c.syncNode(f.ctx, "node-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.c.syncAttachment(f.ctx, volume.AttachmentName("h1", driver, "node-1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.c.syncPod(f.ctx, "default/pod-b"); err != nil {
+		t.Fatal(err)
+	}
+	managedNode := node("node-1", resourceVersion("11"))
+	if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("nodes"), managedNode, ""); err != nil {
+		t.Fatal(err)
+	}
+	f.load(append(vol, managedNode)...)
+	f.reset()
+	f.c.statusQueue.Add("node-1")
+	f.c.Process(f.ctx, QueueNodeStatus)
+	if n, _ := f.c.actual.Node("node-1"); !n.Managed {
+		t.Fatalf("the write's answer did not say managed: %+v", n)
+	}
+	f.drain()
+	if d := f.c.reconciler.Decide(k, epoch); d.Action != "wait" || !strings.Contains(d.Reason, "read while it was unmanaged") {
+		t.Errorf("%v before its pod is read again: %v, want a wait for the pod", k, d)
+	}
+	if a, _ := f.c.actual.Get(k); a.Withdrawn || !a.DetachWanted.IsZero() {
+		t.Errorf("%v before its pod is read again: withdrawn %v, detach wanted since %v; want neither", k, a.Withdrawn, a.DetachWanted)
+	}
+	if err := f.c.syncPod(f.ctx, "default/pod-b"); err != nil {
+		t.Fatal(err)
+	}
+	f.drain()
+	for _, w := range f.writes() {
+		if strings.HasPrefix(w, "delete") {
+			t.Errorf("write: %s", w)
+		}
+	}
+	if !f.c.desired.Wanted(k) {
+		t.Errorf("%v not wanted once its pod is read on the managed node", k)
+	}
+}
+
+// A pod read while its node is missing from the lister, the node's sync
+// not done yet: its volume is not taken as unwanted on the strength of
+// that read; once the node's deletion is synced, the deleted node's rules
+// apply.
+func TestPodReadWhileItsNodeIsMissingTakesNothingAway(t *testing.T) {
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), pod("pod-a", "node-1", "claim-a"), va("claim-a", "h1", "node-1")}
+	f := newFixture(t, append(vol, node("node-1"))...)
+	if err := f.c.syncNode(f.ctx, "node-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.c.syncAttachment(f.ctx, volume.AttachmentName("h1", driver, "node-1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.c.syncPod(f.ctx, "default/pod-a"); err != nil {
+		t.Fatal(err)
+	}
+	f.drain()
+	f.load(vol...)
+	f.reset()
+	if err := f.c.syncPod(f.ctx, "default/pod-a"); err != nil {
+		t.Fatal(err)
+	}
+	f.drain()
+	checkList(t, "API writes", f.writes(), nil)
+	if a, _ := f.c.actual.Get(k); a.Withdrawn || !a.DetachWanted.IsZero() {
+		t.Errorf("%v: withdrawn %v, detach wanted since %v; want neither", k, a.Withdrawn, a.DetachWanted)
+	}
+	f.reset()
+	if err := f.c.syncNode(f.ctx, "node-1"); err != nil {
+		t.Fatal(err)
+	}
+	if q := f.volumes.addedNames(); !slices.Contains(q, k.String()) {
+		t.Errorf("volume keys queued by the node's deletion: %v, want %v among them", q, k)
+	}
+	if d := f.c.reconciler.Decide(k, epoch); strings.Contains(d.Reason, "read while it was unmanaged") {
+		t.Errorf("%v once the node's deletion is synced: %v, still waiting for the pod", k, d)
 	}
 }

@@ -56,8 +56,8 @@ type Decision struct {
 	// Elsewhere lists the other nodes holding a single-node volume.
 	Elsewhere []cache.Key
 	// Unread, with Wait: the volume is not known to be unwanted yet, pods
-	// remain to be read after a restart or on a node that became managed
-	// (DesiredState.PartialOn).
+	// remain to be read after a restart, or again on a node they were read
+	// on while it was unmanaged or missing (DesiredState.PartialOn).
 	Unread bool
 }
 
@@ -135,12 +135,13 @@ func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time
 	}
 	if d.Attachment.State != cache.Detaching && r.desired.PartialOn(k.Node) {
 		// Every key gets a look once the last pod is read (Recovery.Finish),
-		// every key on the node once its last pod is (Controller.readPod).
+		// every key on the node once its last unread pod is
+		// (Controller.readPod, or the node's deletion: syncNode).
 		d.Unread = true
 		if r.desired.Partial() {
 			return d.with(Wait, "reading every pod after the controller started before deciding no pod on node %s wants it", k.Node)
 		}
-		return d.with(Wait, "reading the pods of node %s, which became managed, before deciding none wants it", k.Node)
+		return d.with(Wait, "reading again the pods of node %s read while it was unmanaged or missing, before deciding none wants it", k.Node)
 	}
 	if d.Attachment.State == cache.Detaching {
 		if d.Attachment.DetachError != "" {
