@@ -1,10 +1,16 @@
 package reconciler
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2/ktesting"
+
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
 func TestContinuesOperation(t *testing.T) {
@@ -39,5 +45,55 @@ func TestContinuesOperation(t *testing.T) {
 				t.Errorf("continuesOperation(%s of %+v) = %v, want %v", tc.action, tc.a, got, tc.want)
 			}
 		})
+	}
+}
+
+// countingMechanism attaches at once and counts its calls.
+type countingMechanism struct{ attaches, detaches int }
+
+func (m *countingMechanism) Attach(context.Context, *volume.Spec, string) (AttachResult, error) {
+	m.attaches++
+	return AttachResult{}, nil
+}
+
+func (m *countingMechanism) Detach(context.Context, cache.Attachment) (bool, error) {
+	m.detaches++
+	return true, nil
+}
+
+// A handoff while pods remain to be read: an attach this controller started
+// and that is not confirmed, of a volume no pod read so far wants, is
+// finished (it may be wanted by a pod not read yet, and nothing may be
+// detached), so that the handoff can end; outside a handoff it waits.
+func TestHandoffFinishesAnUnconfirmedAttachWhilePodsAreRead(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	desired, actual := cache.NewDesiredState(), cache.NewActualState()
+	actual.SetNode(node1, cache.NodeInfo{Managed: true, Ready: true})
+	k := key(specA, node1)
+	actual.Update(k, true, func(a *cache.Attachment) {
+		a.State, a.Kind, a.Spec, a.AttachError = cache.Uncertain, specA.Kind, specA, "create failed"
+	})
+	desired.SetPartial(true)
+	m := &countingMechanism{}
+	r := New(desired, actual, map[volume.Kind]Mechanism{volume.KindCSI: m}, record.NewFakeRecorder(10), metrics.New(),
+		Config{MaxWaitForUnmount: time.Minute})
+	if _, err := r.Sync(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	if m.attaches != 0 || m.detaches != 0 {
+		t.Fatalf("before a handoff: %d attaches, %d detaches; want none (it waits for the pods)", m.attaches, m.detaches)
+	}
+	r.HandOver()
+	if d := r.Decide(k, time.Now()); d.Action != Attach || !continuesOperation(d) {
+		t.Fatalf("during a handoff: %v, want an attach the handoff lets go on", d)
+	}
+	if _, err := r.Sync(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	if m.attaches != 1 || m.detaches != 0 {
+		t.Errorf("during a handoff: %d attaches, %d detaches; want the attach finished, nothing detached", m.attaches, m.detaches)
+	}
+	if a, _ := actual.Get(k); a.AttachError != "" || !a.DetachStarted.IsZero() {
+		t.Errorf("attachment %+v: want its attach call done without error, no detach", a)
 	}
 }
