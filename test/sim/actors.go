@@ -337,7 +337,7 @@ func (s *Sim) workload() {
 		p.Status.Phase = v1.PodSucceeded
 		s.tracef("workload: pod %s succeeded", p.Name)
 		s.w.update(rPods, p)
-	case x >= 12.7 && x < 13 && len(nodes) > 0:
+	case x >= 12 && x < 13 && len(nodes) > 0:
 		// The node's kubelet is told to attach and detach by itself, or
 		// to leave it to the controller again.
 		n := nodes[pick(len(nodes))].(*v1.Node).DeepCopy()
