@@ -223,6 +223,9 @@ type Controller struct {
 	// goneNodes holds the last state of deleted Node objects until their
 	// sync: what they had mounted then, which the lister no longer knows.
 	goneNodes map[string]*v1.Node
+	// nodeManaged is whether each node was managed when its sync last read
+	// it; no entry for a node not read yet or gone.
+	nodeManaged map[string]bool
 	// observing counts the items being processed of the queues that carry
 	// the world into the actual state and node status (nodes,
 	// VolumeAttachments, node status): a handoff is done only when they
@@ -246,14 +249,15 @@ func New(cfg Config) (*Controller, error) {
 		cfg.Reconciler.Clock = cfg.Clock
 	}
 	c := &Controller{
-		cfg:       cfg,
-		client:    cfg.Client,
-		informers: cfg.Informers,
-		clock:     cfg.Clock,
-		desired:   cache.NewDesiredState(),
-		actual:    cache.NewActualState(),
-		problems:  map[string]map[string]string{},
-		goneNodes: map[string]*v1.Node{},
+		cfg:         cfg,
+		client:      cfg.Client,
+		informers:   cfg.Informers,
+		clock:       cfg.Clock,
+		desired:     cache.NewDesiredState(),
+		actual:      cache.NewActualState(),
+		problems:    map[string]map[string]string{},
+		goneNodes:   map[string]*v1.Node{},
+		nodeManaged: map[string]bool{},
 
 		claimPods:     newRefIndex(),
 		claimPVs:      newRefIndex(),

@@ -18,11 +18,16 @@ const outOfServiceTaint = "node.kubernetes.io/out-of-service"
 // syncNode turns one Node into node facts: managed, Ready, out of service,
 // and the volumes it has mounted.
 func (c *Controller) syncNode(ctx context.Context, name string) error {
-	old, known := c.actual.Node(name)
 	node, err := c.nodes.Get(name)
 	c.mu.Lock()
 	last := c.goneNodes[name]
 	delete(c.goneNodes, name)
+	wasManaged, synced := c.nodeManaged[name]
+	if err == nil {
+		c.nodeManaged[name] = managed(node)
+	} else if apierrors.IsNotFound(err) {
+		delete(c.nodeManaged, name)
+	}
 	c.mu.Unlock()
 	if apierrors.IsNotFound(err) {
 		if c.desired.ClearUnread(name) {
@@ -52,12 +57,19 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 		return nil
 	}
 	info := NodeInfo(node)
+	// Compared with what this sync saw last, not with the node's facts: a
+	// status write's answer sets those too, and may say managed first.
+	readPods := (!synced || wasManaged != info.Managed || last != nil) && !c.podsReadLater
+	if readPods && info.Managed {
+		// Its pods were read while the node was not known, gone (a delete
+		// and a create may reach this sync as one) or unmanaged, or not
+		// read yet: they may want something here that the desired state
+		// lacks. Until each is read again, nothing here is taken as
+		// unwanted (set before the facts say managed).
+		c.touch(c.markNodePods(name)...)
+	}
 	touched := c.actual.SetNode(name, info)
-	if (!known || !old.Exists || old.Managed != info.Managed || last != nil) && !c.podsReadLater {
-		// Its pods were read while the node was unknown, gone (a delete
-		// and a create may reach this sync as one) or unmanaged: they
-		// wanted nothing here, and until each is read again nothing here
-		// is taken as unwanted for want of it (readPod's MarkUnread).
+	if readPods {
 		c.enqueueNodePods(name)
 		// And a volume already wanted there may have been looked at before
 		// this sync: its pod read again through the handler (which queues a
@@ -72,6 +84,30 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	}
 	c.touch(touched...)
 	return nil
+}
+
+// markNodePods marks the pods on node unread (DesiredState.MarkUnread) and
+// returns the attachments of other nodes whose last unread pod was one of
+// them (a pod of the same name). A pod already gone from the lister is read
+// as gone at once: its deletion may have been read before the mark.
+func (c *Controller) markNodePods(node string) []cache.Key {
+	objs, err := c.podIndex.ByIndex(indexByNode, node)
+	if err != nil {
+		return nil
+	}
+	var touched []cache.Key
+	for _, obj := range objs {
+		p, ok := obj.(*v1.Pod)
+		if !ok {
+			continue
+		}
+		key := p.Namespace + "/" + p.Name
+		touched = c.woken(c.desired.MarkUnread(key, node), touched)
+		if _, err := c.pods.Pods(p.Namespace).Get(p.Name); apierrors.IsNotFound(err) {
+			touched = c.woken(c.desired.Read(key), touched)
+		}
+	}
+	return touched
 }
 
 // desiredOn returns the keys the pods on node want, as last read.

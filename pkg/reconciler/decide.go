@@ -137,13 +137,14 @@ func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time
 		// Every key gets a look once the last pod is read (Recovery.Finish),
 		// every key on the node once its last unread pod is
 		// (Controller.readPod, or the node's deletion: syncNode).
-		if r.handingOver.Load() && d.Attachment.State == cache.Uncertain && d.Attachment.Spec != nil {
-			// Stopping: an attach this controller started and that is not
-			// confirmed (its call failed, or its answer is not seen yet) is
+		if a := d.Attachment; r.handingOver.Load() && a.State == cache.Uncertain && a.Spec != nil &&
+			!a.AttachStarted.IsZero() && a.AttachmentUID == "" && len(singleNodeAccessConflict(a.Spec, k.Node, r.actual)) == 0 {
+			// Stopping: an attach this controller started, whose object it
+			// never saw (its call failed, or its answer is not seen yet), is
 			// finished rather than left in between for the next controller,
 			// since it may be wanted by a pod not read yet and no detach may
 			// start.
-			d.Spec = d.Attachment.Spec
+			d.Spec = a.Spec
 			return d.with(Attach, "finishing, before handing over, the attach started on node %s: pods that may want it remain to be read", k.Node)
 		}
 		d.Unread = true

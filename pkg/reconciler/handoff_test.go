@@ -61,39 +61,56 @@ func (m *countingMechanism) Detach(context.Context, cache.Attachment) (bool, err
 	return true, nil
 }
 
-// A handoff while pods remain to be read: an attach this controller started
-// and that is not confirmed, of a volume no pod read so far wants, is
+// A handoff while pods remain to be read: an attach this controller started,
+// whose object it never saw, of a volume no pod read so far wants, is
 // finished (it may be wanted by a pod not read yet, and nothing may be
-// detached), so that the handoff can end; outside a handoff it waits.
+// detached), so that the handoff can end; outside a handoff it waits. An
+// attachment it did not start, whose object it saw, or of a ReadWriteOnce
+// volume held elsewhere, waits even then.
 func TestHandoffFinishesAnUnconfirmedAttachWhilePodsAreRead(t *testing.T) {
-	_, ctx := ktesting.NewTestContext(t)
-	desired, actual := cache.NewDesiredState(), cache.NewActualState()
-	actual.SetNode(node1, cache.NodeInfo{Managed: true, Ready: true})
-	k := key(specA, node1)
-	actual.Update(k, true, func(a *cache.Attachment) {
-		a.State, a.Kind, a.Spec, a.AttachError = cache.Uncertain, specA.Kind, specA, "create failed"
-	})
-	desired.SetPartial(true)
-	m := &countingMechanism{}
-	r := New(desired, actual, map[volume.Kind]Mechanism{volume.KindCSI: m}, record.NewFakeRecorder(10), metrics.New(),
-		Config{MaxWaitForUnmount: time.Minute})
-	if _, err := r.Sync(ctx, k); err != nil {
-		t.Fatal(err)
-	}
-	if m.attaches != 0 || m.detaches != 0 {
-		t.Fatalf("before a handoff: %d attaches, %d detaches; want none (it waits for the pods)", m.attaches, m.detaches)
-	}
-	r.HandOver()
-	if d := r.Decide(k, time.Now()); d.Action != Attach || !continuesOperation(d) {
-		t.Fatalf("during a handoff: %v, want an attach the handoff lets go on", d)
-	}
-	if _, err := r.Sync(ctx, k); err != nil {
-		t.Fatal(err)
-	}
-	if m.attaches != 1 || m.detaches != 0 {
-		t.Errorf("during a handoff: %d attaches, %d detaches; want the attach finished, nothing detached", m.attaches, m.detaches)
-	}
-	if a, _ := actual.Get(k); a.AttachError != "" || !a.DetachStarted.IsZero() {
-		t.Errorf("attachment %+v: want its attach call done without error, no detach", a)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name      string
+		started   time.Time
+		uid       string
+		elsewhere bool
+		finished  bool
+	}{
+		{name: "started here, object never seen", started: t0, finished: true},
+		{name: "recovered, not started here"},
+		{name: "its object seen", started: t0, uid: "uid-1"},
+		{name: "ReadWriteOnce, held on another node", started: t0, elsewhere: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, ctx := ktesting.NewTestContext(t)
+			desired, actual := cache.NewDesiredState(), cache.NewActualState()
+			actual.SetNode(node1, cache.NodeInfo{Managed: true, Ready: true})
+			actual.SetNode(node2, cache.NodeInfo{Managed: true, Ready: true})
+			k := key(specA, node1)
+			actual.Update(k, true, func(a *cache.Attachment) {
+				a.State, a.Kind, a.Spec, a.AttachError = cache.Uncertain, specA.Kind, specA, "create failed"
+				a.AttachStarted, a.AttachmentUID = tc.started, tc.uid
+			})
+			if tc.elsewhere {
+				actual.Update(key(specA, node2), true, func(a *cache.Attachment) { a.State, a.Kind = cache.Attached, specA.Kind })
+			}
+			desired.SetPartial(true)
+			m := &countingMechanism{}
+			r := New(desired, actual, map[volume.Kind]Mechanism{volume.KindCSI: m}, record.NewFakeRecorder(10), metrics.New(),
+				Config{MaxWaitForUnmount: time.Minute})
+			if _, err := r.Sync(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+			if m.attaches != 0 || m.detaches != 0 {
+				t.Fatalf("before a handoff: %d attaches, %d detaches; want none (it waits for the pods)", m.attaches, m.detaches)
+			}
+			r.HandOver()
+			if _, err := r.Sync(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+			if want := map[bool]int{true: 1, false: 0}[tc.finished]; m.attaches != want || m.detaches != 0 {
+				t.Errorf("during a handoff: %d attaches, %d detaches; want %d, none", m.attaches, m.detaches, want)
+			}
+		})
 	}
 }

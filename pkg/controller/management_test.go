@@ -1,0 +1,143 @@
+package controller
+
+import (
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+// Changes of a node's management, deletion and creation, in the orders the
+// workers may see them: no volume a live pod wants is taken as unwanted,
+// and every wait is woken.
+
+func nodeUID(u string) nodeOpt { return func(n *v1.Node) { n.UID = types.UID(u) } }
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A node deleted, its deletion synced, its pod read (the node gone: the pod
+// wants nothing), then the node created again (its kubelet registers it:
+// Ready, volumesInUse not reported yet): its attachment is not taken as
+// unwanted before the pod is read again.
+func TestNodeCreatedAgainHoldsItsAttachmentsUntilItsPodsAreRead(t *testing.T) {
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), pod("pod-a", "node-1", "claim-a"), va("claim-a", "h1", "node-1")}
+	first := node("node-1", inUse(csiName("h1")))
+	f := newFixture(t, append(vol, first)...)
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	must(t, f.c.syncAttachment(f.ctx, volume.AttachmentName("h1", driver, "node-1")))
+	must(t, f.c.syncPod(f.ctx, "default/pod-a"))
+	f.drain()
+	// Deleted.
+	f.load(vol...)
+	f.c.nodeDeleted(first)
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	must(t, f.c.syncPod(f.ctx, "default/pod-a"))
+	f.drain()
+	f.reset()
+	// Created again.
+	f.load(append(vol, node("node-1", nodeUID("uid-2"), resourceVersion("30")))...)
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	d := f.c.reconciler.Decide(k, epoch)
+	f.drain() // volume workers first: the pod worker is elsewhere
+	if d.Action == "withdraw" || d.Action == "detach" {
+		t.Errorf("live pod-a on managed node-1: %v before pod-a is read again", d)
+	}
+	for _, w := range f.writes() {
+		if strings.HasPrefix(w, "delete volumeattachments") {
+			t.Errorf("detached a volume live pod-a wants: %s", w)
+		}
+	}
+}
+
+// A node becomes managed; its pod is read (the handler queues pods first)
+// while the facts still say unmanaged; a node status write's answer then
+// sets the facts to managed before the node's sync: the sync still sees the
+// change (it compares with what it saw last) and the wanted volume is
+// attached.
+func TestNodeMadeManagedByAStatusWriteAttachesItsWantedVolumes(t *testing.T) {
+	vol := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b"), pod("pod-b", "node-1", "claim-b"),
+		csiPV("claim-z", "h9"), va("claim-z", "h9", "node-1")}
+	f := newFixture(t, append(vol, node("node-1", unmanaged))...)
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	must(t, f.c.syncAttachment(f.ctx, volume.AttachmentName("h9", driver, "node-1")))
+	must(t, f.c.syncPod(f.ctx, "default/pod-b"))
+	for f.c.Process(f.ctx, QueueVolumes) {
+	}
+	f.reset()
+	managedNode := node("node-1", resourceVersion("11"))
+	must(t, f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("nodes"), managedNode, ""))
+	f.load(append(vol, managedNode)...)
+	must(t, f.c.syncPod(f.ctx, "default/pod-b")) // queued by nodeChanged before the node key
+	for f.c.Process(f.ctx, QueueVolumes) {
+	}
+	f.c.statusQueue.Add("node-1")
+	f.c.Process(f.ctx, QueueNodeStatus)
+	if n, _ := f.c.actual.Node("node-1"); !n.Managed {
+		t.Fatalf("write answer did not flip managed")
+	}
+	f.drain()
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	f.drain()
+	found := false
+	for _, w := range f.writes() {
+		if w == "create volumeattachments "+volume.AttachmentName("h1", driver, "node-1") {
+			found = true
+		}
+	}
+	if !found {
+		k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+		t.Errorf("h1 wanted by pod-b never attached; now decided %v; queued volumes %v after %v", f.c.reconciler.Decide(k, epoch), f.volumes.pending(), f.volumes.after)
+	}
+}
+
+// A pod created while its node was unmanaged (its volume attached there)
+// and not read yet when the node becomes managed: the node's sync marks it
+// unread, and its attachment is not taken as unwanted.
+func TestNodeBecomingManagedHoldsForAPodNotReadYet(t *testing.T) {
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	vol := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b"), va("claim-b", "h1", "node-1")}
+	f := newFixture(t, append(vol, node("node-1", unmanaged))...)
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	must(t, f.c.syncAttachment(f.ctx, volume.AttachmentName("h1", driver, "node-1")))
+	f.drain()
+	f.reset()
+	// pod-b came (its add is queued, not read), then the node is managed.
+	f.load(append(vol, pod("pod-b", "node-1", "claim-b"), node("node-1", resourceVersion("11")))...)
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	d := f.c.reconciler.Decide(k, epoch)
+	f.drain()
+	if d.Action == "withdraw" || d.Action == "detach" {
+		t.Errorf("h1 of live pod-b (not read yet) on a node just managed: %v", d)
+	}
+}
+
+// A pod deleted while its node's sync marks the node's pods, its deletion
+// read before the mark: the mark would never be cleared by a read, so the
+// sync clears it at once and the node is not held.
+func TestMarkOfAPodGoneMeanwhileIsCleared(t *testing.T) {
+	f := newFixture(t, node("node-1"))
+	// The index the sync lists still has the pod; the lister no longer.
+	index := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, toolscache.Indexers{indexByNode: podNodeIndex})
+	if err := index.Add(pod("pod-a", "node-1")); err != nil {
+		t.Fatal(err)
+	}
+	f.c.podIndex = index
+	if woken := f.c.markNodePods("node-1"); len(woken) != 0 {
+		t.Errorf("woken %v, want none", woken)
+	}
+	if f.c.desired.PartialOn("node-1") {
+		t.Error("node-1 held by the mark of a pod already gone")
+	}
+}
