@@ -139,3 +139,38 @@ func TestNoAttachUnmanagedOrNotRequired(t *testing.T) {
 	})
 	e.waitAttached(driver, "vol-unmanaged", unmanaged)
 }
+
+// A node whose kubelet stops and starts leaving attach and detach to the
+// controller (the annotation removed, then put back) while a pod uses a
+// volume there, not mounted yet: the volume is never detached, neither
+// when its pod is read with the node unmanaged nor when the node is managed
+// again before its pod is read again; a pod created while the node was
+// unmanaged has its volume attached once it is managed.
+func TestNodeManagementChangesDetachNothing(t *testing.T) {
+	e := newEnv(t, "management")
+	driver := e.name("csi.test")
+	node := e.createNode("node", true)
+	e.createCSIDriver(driver, new(true))
+	e.createCSIClaim("kept", driver, "vol-kept")
+	e.createCSIClaim("later", driver, "vol-later")
+	e.startAttacher(driver, "")
+	e.startController(nil)
+	e.createPod("pod-kept", node, "kept")
+	va := e.waitAttached(driver, "vol-kept", node)
+	vw := e.watchVA(va)
+
+	for round := range 5 {
+		e.updateNode(node, func(n *v1.Node) { delete(n.Annotations, framework.ControllerManagedAnnotation) })
+		if round == 0 {
+			e.createPod("pod-later", node, "later")
+		}
+		e.updateNode(node, func(n *v1.Node) {
+			if n.Annotations == nil {
+				n.Annotations = map[string]string{}
+			}
+			n.Annotations[framework.ControllerManagedAnnotation] = "true"
+		})
+	}
+	e.waitAttached(driver, "vol-later", node)
+	framework.Consistently(t, quietPeriod, vw.intact, "the VolumeAttachment of a volume a running pod uses is never deleted")
+}
