@@ -494,3 +494,31 @@ func vaDeleting(a *storagev1.VolumeAttachment) {
 	a.DeletionTimestamp = &ts
 	a.Finalizers = []string{"external-attacher/csi-example-com"}
 }
+
+// syncFirst runs the syncs the informers' first events bring: the node, the
+// VolumeAttachments of handles on it, then the pods (keys "namespace/name").
+func (f *fixture) syncFirst(node string, handles []string, pods ...string) {
+	f.t.Helper()
+	if err := f.c.syncNode(f.ctx, node); err != nil {
+		f.t.Fatal(err)
+	}
+	for _, h := range handles {
+		if err := f.c.syncAttachment(f.ctx, volume.AttachmentName(h, driver, node)); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	for _, p := range pods {
+		if err := f.c.syncPod(f.ctx, p); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
+
+// checkNotUnwanted fails unless the attachment at k is neither withdrawn
+// nor counting down its max wait for unmount: nothing took it as unwanted.
+func (f *fixture) checkNotUnwanted(k cache.Key, when string) {
+	f.t.Helper()
+	if a, _ := f.c.actual.Get(k); a.Withdrawn || !a.DetachWanted.IsZero() {
+		f.t.Errorf("%v %s: withdrawn %v, detach wanted since %v; want neither", k, when, a.Withdrawn, a.DetachWanted)
+	}
+}

@@ -491,14 +491,8 @@ func (c *Controller) enqueueClaimPods(claim string) {
 
 // enqueueNodePods queues the pods on a node.
 func (c *Controller) enqueueNodePods(node string) {
-	objs, err := c.podIndex.ByIndex(indexByNode, node)
-	if err != nil {
-		return
-	}
-	for _, obj := range objs {
-		if p, ok := obj.(*v1.Pod); ok {
-			c.podQueue.Add(p.Namespace + "/" + p.Name)
-		}
+	for _, p := range c.podsOn(node) {
+		c.podQueue.Add(p.Namespace + "/" + p.Name)
 	}
 }
 

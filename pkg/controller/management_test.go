@@ -35,9 +35,7 @@ func TestNodeCreatedAgainHoldsItsAttachmentsUntilItsPodsAreRead(t *testing.T) {
 	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), pod("pod-a", "node-1", "claim-a"), va("claim-a", "h1", "node-1")}
 	first := node("node-1", inUse(csiName("h1")))
 	f := newFixture(t, append(vol, first)...)
-	must(t, f.c.syncNode(f.ctx, "node-1"))
-	must(t, f.c.syncAttachment(f.ctx, volume.AttachmentName("h1", driver, "node-1")))
-	must(t, f.c.syncPod(f.ctx, "default/pod-a"))
+	f.syncFirst("node-1", []string{"h1"}, "default/pod-a")
 	f.drain()
 	// Deleted.
 	f.load(vol...)
@@ -70,9 +68,7 @@ func TestNodeMadeManagedByAStatusWriteAttachesItsWantedVolumes(t *testing.T) {
 	vol := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b"), pod("pod-b", "node-1", "claim-b"),
 		csiPV("claim-z", "h9"), va("claim-z", "h9", "node-1")}
 	f := newFixture(t, append(vol, node("node-1", unmanaged))...)
-	must(t, f.c.syncNode(f.ctx, "node-1"))
-	must(t, f.c.syncAttachment(f.ctx, volume.AttachmentName("h9", driver, "node-1")))
-	must(t, f.c.syncPod(f.ctx, "default/pod-b"))
+	f.syncFirst("node-1", []string{"h9"}, "default/pod-b")
 	for f.c.Process(f.ctx, QueueVolumes) {
 	}
 	f.reset()
@@ -109,8 +105,7 @@ func TestNodeBecomingManagedHoldsForAPodNotReadYet(t *testing.T) {
 	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
 	vol := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b"), va("claim-b", "h1", "node-1")}
 	f := newFixture(t, append(vol, node("node-1", unmanaged))...)
-	must(t, f.c.syncNode(f.ctx, "node-1"))
-	must(t, f.c.syncAttachment(f.ctx, volume.AttachmentName("h1", driver, "node-1")))
+	f.syncFirst("node-1", []string{"h1"})
 	f.drain()
 	f.reset()
 	// pod-b came (its add is queued, not read), then the node is managed.

@@ -91,16 +91,8 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 // them (a pod of the same name). A pod already gone from the lister is read
 // as gone at once: its deletion may have been read before the mark.
 func (c *Controller) markNodePods(node string) []cache.Key {
-	objs, err := c.podIndex.ByIndex(indexByNode, node)
-	if err != nil {
-		return nil
-	}
 	var touched []cache.Key
-	for _, obj := range objs {
-		p, ok := obj.(*v1.Pod)
-		if !ok {
-			continue
-		}
+	for _, p := range c.podsOn(node) {
 		key := p.Namespace + "/" + p.Name
 		touched = c.woken(c.desired.MarkUnread(key, node), touched)
 		if _, err := c.pods.Pods(p.Namespace).Get(p.Name); apierrors.IsNotFound(err) {
@@ -112,19 +104,28 @@ func (c *Controller) markNodePods(node string) []cache.Key {
 
 // desiredOn returns the keys the pods on node want, as last read.
 func (c *Controller) desiredOn(node string) []cache.Key {
+	var keys []cache.Key
+	for _, p := range c.podsOn(node) {
+		for _, pv := range c.desired.PodVolumes(p.Namespace+"/"+p.Name, string(p.UID)) {
+			keys = append(keys, cache.Key{Volume: pv.Spec.Name, Node: node})
+		}
+	}
+	return keys
+}
+
+// podsOn returns the pods on node, from the pod informer's index.
+func (c *Controller) podsOn(node string) []*v1.Pod {
 	objs, err := c.podIndex.ByIndex(indexByNode, node)
 	if err != nil {
 		return nil
 	}
-	var keys []cache.Key
+	pods := make([]*v1.Pod, 0, len(objs))
 	for _, obj := range objs {
 		if p, ok := obj.(*v1.Pod); ok {
-			for _, pv := range c.desired.PodVolumes(p.Namespace+"/"+p.Name, string(p.UID)) {
-				keys = append(keys, cache.Key{Volume: pv.Spec.Name, Node: node})
-			}
+			pods = append(pods, p)
 		}
 	}
-	return keys
+	return pods
 }
 
 // NodeInfo is what the controller reads of a Node.

@@ -194,15 +194,7 @@ func TestPodReadOnNodeGoingUnmanagedTakesNothingAway(t *testing.T) {
 	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
 	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), pod("pod-a", "node-1", "claim-a"), va("claim-a", "h1", "node-1")}
 	f := newFixture(t, append(vol, node("node-1"))...)
-	if err := f.c.syncNode(f.ctx, "node-1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.c.syncAttachment(f.ctx, volume.AttachmentName("h1", driver, "node-1")); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.c.syncPod(f.ctx, "default/pod-a"); err != nil {
-		t.Fatal(err)
-	}
+	f.syncFirst("node-1", []string{"h1"}, "default/pod-a")
 	f.drain()
 	f.reset()
 	f.load(append(vol, node("node-1", unmanaged, resourceVersion("11")))...)
@@ -215,9 +207,7 @@ func TestPodReadOnNodeGoingUnmanagedTakesNothingAway(t *testing.T) {
 	f.volumes.Add(k)
 	f.drain()
 	checkList(t, "API writes", f.writes(), nil)
-	if a, _ := f.c.actual.Get(k); a.Withdrawn || !a.DetachWanted.IsZero() {
-		t.Errorf("%v: withdrawn %v, detach wanted since %v; want neither", k, a.Withdrawn, a.DetachWanted)
-	}
+	f.checkNotUnwanted(k, "after the reads")
 }
 
 // A node that becomes managed with a volume attached and a pod created
@@ -253,9 +243,7 @@ func TestNodeBecomingManagedWaitsForItsPods(t *testing.T) {
 		if d := f.c.reconciler.Decide(k, epoch); d.Action != "wait" || !strings.Contains(d.Reason, "read while it was unmanaged") {
 			t.Errorf("%v before the node's pod is read: %v, want a wait for the node's pods", k, d)
 		}
-		if a, _ := f.c.actual.Get(k); a.Withdrawn || !a.DetachWanted.IsZero() {
-			t.Errorf("%v before the node's pod is read: withdrawn %v, detach wanted since %v; want neither", k, a.Withdrawn, a.DetachWanted)
-		}
+		f.checkNotUnwanted(k, "before the node's pod is read")
 	}
 	f.reset()
 	if err := f.c.syncPod(f.ctx, "default/pod-b"); err != nil {
@@ -285,15 +273,7 @@ func TestPodReadWhileUnmanagedHoldsWhenAWriteSaysManaged(t *testing.T) {
 	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
 	vol := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b"), pod("pod-b", "node-1", "claim-b"), va("claim-b", "h1", "node-1")}
 	f := newFixture(t, append(vol, node("node-1", unmanaged))...)
-	if err := f.c.syncNode(f.ctx, "node-1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.c.syncAttachment(f.ctx, volume.AttachmentName("h1", driver, "node-1")); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.c.syncPod(f.ctx, "default/pod-b"); err != nil {
-		t.Fatal(err)
-	}
+	f.syncFirst("node-1", []string{"h1"}, "default/pod-b")
 	managedNode := node("node-1", resourceVersion("11"))
 	if err := f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("nodes"), managedNode, ""); err != nil {
 		t.Fatal(err)
@@ -309,9 +289,7 @@ func TestPodReadWhileUnmanagedHoldsWhenAWriteSaysManaged(t *testing.T) {
 	if d := f.c.reconciler.Decide(k, epoch); d.Action != "wait" || !strings.Contains(d.Reason, "read while it was unmanaged") {
 		t.Errorf("%v before its pod is read again: %v, want a wait for the pod", k, d)
 	}
-	if a, _ := f.c.actual.Get(k); a.Withdrawn || !a.DetachWanted.IsZero() {
-		t.Errorf("%v before its pod is read again: withdrawn %v, detach wanted since %v; want neither", k, a.Withdrawn, a.DetachWanted)
-	}
+	f.checkNotUnwanted(k, "before its pod is read again")
 	if err := f.c.syncPod(f.ctx, "default/pod-b"); err != nil {
 		t.Fatal(err)
 	}
@@ -334,15 +312,7 @@ func TestPodReadWhileItsNodeIsMissingTakesNothingAway(t *testing.T) {
 	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
 	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), pod("pod-a", "node-1", "claim-a"), va("claim-a", "h1", "node-1")}
 	f := newFixture(t, append(vol, node("node-1"))...)
-	if err := f.c.syncNode(f.ctx, "node-1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.c.syncAttachment(f.ctx, volume.AttachmentName("h1", driver, "node-1")); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.c.syncPod(f.ctx, "default/pod-a"); err != nil {
-		t.Fatal(err)
-	}
+	f.syncFirst("node-1", []string{"h1"}, "default/pod-a")
 	f.drain()
 	f.load(vol...)
 	f.reset()
@@ -351,9 +321,7 @@ func TestPodReadWhileItsNodeIsMissingTakesNothingAway(t *testing.T) {
 	}
 	f.drain()
 	checkList(t, "API writes", f.writes(), nil)
-	if a, _ := f.c.actual.Get(k); a.Withdrawn || !a.DetachWanted.IsZero() {
-		t.Errorf("%v: withdrawn %v, detach wanted since %v; want neither", k, a.Withdrawn, a.DetachWanted)
-	}
+	f.checkNotUnwanted(k, "after the reads")
 	f.reset()
 	if err := f.c.syncNode(f.ctx, "node-1"); err != nil {
 		t.Fatal(err)
