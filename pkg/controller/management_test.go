@@ -60,11 +60,11 @@ func TestNodeCreatedAgainHoldsItsAttachmentsUntilItsPodsAreRead(t *testing.T) {
 }
 
 // A node becomes managed; its pod is read (the handler queues pods first)
-// while the facts still say unmanaged; a node status write's answer then
-// sets the facts to managed before the node's sync: the sync still sees the
-// change (it compares with what it saw last) and the wanted volume is
+// while the facts still say unmanaged; a node status write's answer, which
+// shows the annotation, comes before the node's sync: the facts keep what
+// the sync read last, the sync sees the change, and the wanted volume is
 // attached.
-func TestNodeMadeManagedByAStatusWriteAttachesItsWantedVolumes(t *testing.T) {
+func TestStatusWriteBeforeTheNodeSyncLeavesManagementToIt(t *testing.T) {
 	vol := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b"), pod("pod-b", "node-1", "claim-b"),
 		csiPV("claim-z", "h9"), va("claim-z", "h9", "node-1")}
 	f := newFixture(t, append(vol, node("node-1", unmanaged))...)
@@ -80,8 +80,8 @@ func TestNodeMadeManagedByAStatusWriteAttachesItsWantedVolumes(t *testing.T) {
 	}
 	f.c.statusQueue.Add("node-1")
 	f.c.Process(f.ctx, QueueNodeStatus)
-	if n, _ := f.c.actual.Node("node-1"); !n.Managed {
-		t.Fatalf("write answer did not flip managed")
+	if n, _ := f.c.actual.Node("node-1"); n.Managed {
+		t.Fatalf("a status write's answer set the node managed before its sync: %+v", n)
 	}
 	f.drain()
 	must(t, f.c.syncNode(f.ctx, "node-1"))
@@ -134,5 +134,51 @@ func TestMarkOfAPodGoneMeanwhileIsCleared(t *testing.T) {
 	}
 	if f.c.desired.PartialOn("node-1") {
 		t.Error("node-1 held by the mark of a pod already gone")
+	}
+}
+
+// A node made managed (version 11) whose own status write's answer
+// (version 12) comes first: the answer leaves the facts unmanaged, the sync
+// of version 11, older than the answer, changes nothing, and the sync of
+// version 12 sees the change and marks the pod not read yet.
+func TestStatusWriteAnswerAndStaleSyncKeepTheChange(t *testing.T) {
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	vol := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b"), va("claim-b", "h1", "node-1")}
+	f := newFixture(t, append(vol, node("node-1", unmanaged))...)
+	f.syncFirst("node-1", []string{"h1"})
+	f.drain()
+	f.reset()
+	// pod-b created (its add queued, not read); the node made managed.
+	f.load(append(vol, pod("pod-b", "node-1", "claim-b"), node("node-1", resourceVersion("11")))...)
+	f.c.actual.SetNode("node-1", f.c.writtenNodeInfo(node("node-1", resourceVersion("12"))))
+	if d := f.c.reconciler.Decide(k, epoch); d.Action == "withdraw" || d.Action == "detach" {
+		t.Errorf("after the write's answer, before any node sync: %v", d)
+	}
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	f.load(append(vol, pod("pod-b", "node-1", "claim-b"), node("node-1", resourceVersion("12")))...)
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	if d := f.c.reconciler.Decide(k, epoch); !f.c.desired.PartialOn("node-1") || d.Action == "withdraw" || d.Action == "detach" {
+		t.Errorf("pod-b not read yet, node just managed: partial %v, decided %v", f.c.desired.PartialOn("node-1"), d)
+	}
+}
+
+// The sync marks the pods its index lists on the node, but one of them was
+// deleted and created again on another node, and read there, before the
+// mark: nothing would read it again for this node, so the mark is cleared
+// at once.
+func TestMarkOfAPodNowOnAnotherNodeIsCleared(t *testing.T) {
+	objs := []runtime.Object{node("node-1"), node("node-2"), withPod(pod("pod-a", "node-2"), uid("uid-2")),
+		csiPV("claim-z", "h9"), va("claim-z", "h9", "node-1")}
+	f := newFixture(t, objs...)
+	must(t, f.c.syncAttachment(f.ctx, volume.AttachmentName("h9", driver, "node-1")))
+	must(t, f.c.syncPod(f.ctx, "default/pod-a"))
+	index := f.c.podIndex
+	stale := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, toolscache.Indexers{indexByNode: podNodeIndex})
+	must(t, stale.Add(pod("pod-a", "node-1")))
+	f.c.podIndex = stale
+	f.c.markNodePods("node-1")
+	f.c.podIndex = index
+	if f.c.desired.PartialOn("node-1") {
+		t.Error("node-1 held by the mark of a pod now on node-2")
 	}
 }

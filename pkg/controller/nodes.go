@@ -19,6 +19,11 @@ const outOfServiceTaint = "node.kubernetes.io/out-of-service"
 // and the volumes it has mounted.
 func (c *Controller) syncNode(ctx context.Context, name string) error {
 	node, err := c.nodes.Get(name)
+	if err == nil && c.actual.Stale(name, node.ResourceVersion) {
+		// Older than the answer of the controller's own status write: the
+		// sync of the newer version follows.
+		return nil
+	}
 	c.mu.Lock()
 	last := c.goneNodes[name]
 	delete(c.goneNodes, name)
@@ -52,10 +57,6 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("get node %s: %w", name, err)
 	}
-	if c.actual.Stale(name, node.ResourceVersion) {
-		// Older than the answer of the controller's own status write.
-		return nil
-	}
 	info := NodeInfo(node)
 	// Compared with what this sync saw last, not with the node's facts: a
 	// status write's answer sets those too, and may say managed first.
@@ -88,18 +89,36 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 
 // markNodePods marks the pods on node unread (DesiredState.MarkUnread) and
 // returns the attachments of other nodes whose last unread pod was one of
-// them (a pod of the same name). A pod already gone from the lister is read
-// as gone at once: its deletion may have been read before the mark.
+// them (a pod of the same name). A pod already gone from the lister, or
+// replaced by one of the same name on another node, is read as such at
+// once: its last event may have been read before the mark.
 func (c *Controller) markNodePods(node string) []cache.Key {
 	var touched []cache.Key
 	for _, p := range c.podsOn(node) {
 		key := p.Namespace + "/" + p.Name
 		touched = c.woken(c.desired.MarkUnread(key, node), touched)
-		if _, err := c.pods.Pods(p.Namespace).Get(p.Name); apierrors.IsNotFound(err) {
+		if now, err := c.pods.Pods(p.Namespace).Get(p.Name); apierrors.IsNotFound(err) || (err == nil && now.Spec.NodeName != node) {
 			touched = c.woken(c.desired.Read(key), touched)
 		}
 	}
 	return touched
+}
+
+// writtenNodeInfo is NodeInfo for the answer of a node status write, whose
+// management stays what the node's sync last read: that sync marks the
+// node's pods unread before its facts say managed (syncNode), which an
+// answer read first must not pre-empt.
+func (c *Controller) writtenNodeInfo(node *v1.Node) cache.NodeInfo {
+	info := NodeInfo(node)
+	c.mu.Lock()
+	m, synced := c.nodeManaged[node.Name]
+	c.mu.Unlock()
+	if synced {
+		info.Managed = m
+	} else if known, ok := c.actual.Node(node.Name); ok {
+		info.Managed = known.Managed
+	}
+	return info
 }
 
 // desiredOn returns the keys the pods on node want, as last read.

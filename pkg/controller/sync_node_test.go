@@ -267,9 +267,10 @@ func TestNodeBecomingManagedWaitsForItsPods(t *testing.T) {
 }
 
 // A pod read while its node was unmanaged holds the node's attachments
-// whatever path makes the node's facts say managed: here the answer of a
-// node status write, before the node's sync.
-func TestPodReadWhileUnmanagedHoldsWhenAWriteSaysManaged(t *testing.T) {
+// once the node is managed again, until it is read again; a node status
+// write's answer, coming before the node's sync, leaves the management to
+// that sync.
+func TestPodReadWhileUnmanagedHoldsTheNodeManagedAgain(t *testing.T) {
 	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
 	vol := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b"), pod("pod-b", "node-1", "claim-b"), va("claim-b", "h1", "node-1")}
 	f := newFixture(t, append(vol, node("node-1", unmanaged))...)
@@ -282,8 +283,11 @@ func TestPodReadWhileUnmanagedHoldsWhenAWriteSaysManaged(t *testing.T) {
 	f.reset()
 	f.c.statusQueue.Add("node-1")
 	f.c.Process(f.ctx, QueueNodeStatus)
-	if n, _ := f.c.actual.Node("node-1"); !n.Managed {
-		t.Fatalf("the write's answer did not say managed: %+v", n)
+	if n, _ := f.c.actual.Node("node-1"); n.Managed {
+		t.Fatalf("a status write's answer set the node managed before its sync: %+v", n)
+	}
+	if err := f.c.syncNode(f.ctx, "node-1"); err != nil {
+		t.Fatal(err)
 	}
 	f.drain()
 	if d := f.c.reconciler.Decide(k, epoch); d.Action != "wait" || !strings.Contains(d.Reason, "read while it was unmanaged") {

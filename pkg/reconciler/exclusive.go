@@ -52,9 +52,10 @@ func (l *volumeLocks) unlock(name volume.Name) []cache.Key {
 // exclusiveName is the name a decision must hold the volume's lock under
 // before it acts: the smallest of a single-node volume's names (the same
 // whichever name a node attaches it under), or "" when the decision attaches
-// nothing exclusive.
+// nothing exclusive. An attach of a volume not wanted (one finished before a
+// handoff) holds it too.
 func exclusiveName(d Decision) volume.Name {
-	if !d.Desired || d.Spec == nil || !d.Spec.SingleNode {
+	if !(d.Desired || d.Action == Attach) || d.Spec == nil || !d.Spec.SingleNode {
 		return ""
 	}
 	return slices.Min(d.Spec.AllNames())
