@@ -104,19 +104,14 @@ func (c *Controller) markNodePods(node string) []cache.Key {
 	return touched
 }
 
-// writtenNodeInfo is NodeInfo for the answer of a node status write, whose
-// management stays what the node's sync last read: that sync marks the
-// node's pods unread before its facts say managed (syncNode), which an
-// answer read first must not pre-empt.
+// writtenNodeInfo is NodeInfo for the answer of a node status write. An
+// answer that says managed before the node's sync has read so marks the
+// node's pods unread first, as that sync would (syncNode); the sync still
+// queues them, for it compares with what it read last.
 func (c *Controller) writtenNodeInfo(node *v1.Node) cache.NodeInfo {
 	info := NodeInfo(node)
-	c.mu.Lock()
-	m, synced := c.nodeManaged[node.Name]
-	c.mu.Unlock()
-	if synced {
-		info.Managed = m
-	} else if known, ok := c.actual.Node(node.Name); ok {
-		info.Managed = known.Managed
+	if old, ok := c.actual.Node(node.Name); info.Managed && (!ok || !old.Exists || !old.Managed) {
+		c.touch(c.markNodePods(node.Name)...)
 	}
 	return info
 }
