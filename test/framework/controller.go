@@ -12,6 +12,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
@@ -92,7 +93,9 @@ func StartProcess(t testing.TB, binary string, args ...string) *Process {
 		t.Fatalf("start %s: %v", binary, err)
 	}
 	w.Close()
+	read := make(chan struct{})
 	go func() {
+		defer close(read)
 		s := bufio.NewScanner(r)
 		s.Buffer(make([]byte, 64*1024), 1024*1024)
 		for s.Scan() {
@@ -104,6 +107,12 @@ func StartProcess(t testing.TB, binary string, args ...string) *Process {
 	}()
 	go func() {
 		p.err = p.Cmd.Wait()
+		// Done means its output is all in Output too, unless a child of
+		// its own still holds the pipe.
+		select {
+		case <-read:
+		case <-time.After(5 * time.Second):
+		}
 		close(p.done)
 	}()
 	t.Cleanup(func() {
@@ -136,7 +145,7 @@ func (p *Process) Kill() {
 	<-p.done
 }
 
-// Done is closed when the process has exited.
+// Done is closed when the process has exited and its output is read.
 func (p *Process) Done() <-chan struct{} { return p.done }
 
 // ExitCode is the exit code, valid after Done.
