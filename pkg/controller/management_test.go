@@ -7,7 +7,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
@@ -18,6 +17,19 @@ import (
 // and every wait is woken.
 
 func nodeUID(u string) nodeOpt { return func(n *v1.Node) { n.UID = types.UID(u) } }
+
+// unmanagedNodeWithAttachment is node-1, unmanaged, with volume h1 (claim
+// claim-b) attached there and no pod read: the key of h1 and the objects
+// but the node are returned.
+func unmanagedNodeWithAttachment(t *testing.T) (*fixture, cache.Key, []runtime.Object) {
+	t.Helper()
+	vol := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b"), va("claim-b", "h1", "node-1")}
+	f := newFixture(t, append(vol, node("node-1", unmanaged))...)
+	f.syncFirst("node-1", []string{"h1"})
+	f.drain()
+	f.reset()
+	return f, cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}, vol
+}
 
 func must(t *testing.T, err error) {
 	t.Helper()
@@ -99,12 +111,7 @@ func TestStatusWriteBeforeTheNodeSyncAttachesItsWantedVolumes(t *testing.T) {
 // and not read yet when the node becomes managed: the node's sync marks it
 // unread, and its attachment is not taken as unwanted.
 func TestNodeBecomingManagedHoldsForAPodNotReadYet(t *testing.T) {
-	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
-	vol := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b"), va("claim-b", "h1", "node-1")}
-	f := newFixture(t, append(vol, node("node-1", unmanaged))...)
-	f.syncFirst("node-1", []string{"h1"})
-	f.drain()
-	f.reset()
+	f, k, vol := unmanagedNodeWithAttachment(t)
 	// pod-b came (its add is queued, not read), then the node is managed.
 	f.load(append(vol, pod("pod-b", "node-1", "claim-b"), node("node-1", resourceVersion("11")))...)
 	must(t, f.c.syncNode(f.ctx, "node-1"))
@@ -120,13 +127,8 @@ func TestNodeBecomingManagedHoldsForAPodNotReadYet(t *testing.T) {
 // sync clears it at once and the node is not held.
 func TestMarkOfAPodGoneMeanwhileIsCleared(t *testing.T) {
 	f := newFixture(t, node("node-1"))
-	// The index the sync lists still has the pod; the lister no longer.
-	index := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, toolscache.Indexers{indexByNode: podNodeIndex})
-	if err := index.Add(pod("pod-a", "node-1")); err != nil {
-		t.Fatal(err)
-	}
-	f.c.podIndex = index
-	if woken := f.c.markNodePods("node-1"); len(woken) != 0 {
+	// The sync listed the pod; the lister no longer has it.
+	if woken := f.c.markPods("node-1", []*v1.Pod{pod("pod-a", "node-1")}); len(woken) != 0 {
 		t.Errorf("woken %v, want none", woken)
 	}
 	if f.c.desired.PartialOn("node-1") {
@@ -135,16 +137,12 @@ func TestMarkOfAPodGoneMeanwhileIsCleared(t *testing.T) {
 }
 
 // A node made managed (version 11) whose own status write's answer
-// (version 12) comes first: the answer leaves the facts unmanaged, the sync
-// of version 11, older than the answer, changes nothing, and the sync of
-// version 12 sees the change and marks the pod not read yet.
+// (version 12) comes first: the answer marks the pod not read yet before
+// the facts say managed, the sync of version 11, older than the answer,
+// changes nothing, and the sync of version 12 still sees the change and
+// marks the pod again.
 func TestStatusWriteAnswerAndStaleSyncKeepTheChange(t *testing.T) {
-	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
-	vol := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b"), va("claim-b", "h1", "node-1")}
-	f := newFixture(t, append(vol, node("node-1", unmanaged))...)
-	f.syncFirst("node-1", []string{"h1"})
-	f.drain()
-	f.reset()
+	f, k, vol := unmanagedNodeWithAttachment(t)
 	// pod-b created (its add queued, not read); the node made managed.
 	f.load(append(vol, pod("pod-b", "node-1", "claim-b"), node("node-1", resourceVersion("11")))...)
 	f.c.actual.SetNode("node-1", f.c.writtenNodeInfo(node("node-1", resourceVersion("12"))))
@@ -169,12 +167,8 @@ func TestMarkOfAPodNowOnAnotherNodeIsCleared(t *testing.T) {
 	f := newFixture(t, objs...)
 	must(t, f.c.syncAttachment(f.ctx, volume.AttachmentName("h9", driver, "node-1")))
 	must(t, f.c.syncPod(f.ctx, "default/pod-a"))
-	index := f.c.podIndex
-	stale := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, toolscache.Indexers{indexByNode: podNodeIndex})
-	must(t, stale.Add(pod("pod-a", "node-1")))
-	f.c.podIndex = stale
-	f.c.markNodePods("node-1")
-	f.c.podIndex = index
+	// The sync listed it under node-1.
+	f.c.markPods("node-1", []*v1.Pod{pod("pod-a", "node-1")})
 	if f.c.desired.PartialOn("node-1") {
 		t.Error("node-1 held by the mark of a pod now on node-2")
 	}

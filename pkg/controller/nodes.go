@@ -61,24 +61,30 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	// Compared with what this sync saw last, not with the node's facts: a
 	// status write's answer sets those too, and may say managed first.
 	readPods := (!synced || wasManaged != info.Managed || last != nil) && !c.podsReadLater
+	var pods []*v1.Pod
+	if readPods {
+		pods = c.podsOn(name)
+	}
 	if readPods && info.Managed {
 		// Its pods were read while the node was not known, gone (a delete
 		// and a create may reach this sync as one) or unmanaged, or not
 		// read yet: they may want something here that the desired state
 		// lacks. Until each is read again, nothing here is taken as
 		// unwanted (set before the facts say managed).
-		c.touch(c.markNodePods(name)...)
+		c.touch(c.markPods(name, pods)...)
 	}
 	touched := c.actual.SetNode(name, info)
 	if readPods {
-		c.enqueueNodePods(name)
+		for _, p := range pods {
+			c.podQueue.Add(p.Namespace + "/" + p.Name)
+		}
 		// And a volume already wanted there may have been looked at before
 		// this sync: its pod read again through the handler (which queues a
 		// node's pods when it becomes managed) with the node's facts still
 		// saying unmanaged. Reading the pod again changes nothing, and the
 		// facts just set touch only attachments: that look is the one that
 		// wakes it.
-		touched = append(touched, c.desiredOn(name)...)
+		touched = append(touched, c.desiredOf(name, pods)...)
 	}
 	if !sameAttached(node.Status.VolumesAttached, c.actual.Reported(name)) {
 		c.statusDiffers(ctx, name, node.Status.VolumesAttached)
@@ -87,14 +93,14 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	return nil
 }
 
-// markNodePods marks the pods on node unread (DesiredState.MarkUnread) and
+// markPods marks pods, on node, unread (DesiredState.MarkUnread) and
 // returns the attachments of other nodes whose last unread pod was one of
 // them (a pod of the same name). A pod already gone from the lister, or
 // replaced by one of the same name on another node, is read as such at
 // once: its last event may have been read before the mark.
-func (c *Controller) markNodePods(node string) []cache.Key {
+func (c *Controller) markPods(node string, pods []*v1.Pod) []cache.Key {
 	var touched []cache.Key
-	for _, p := range c.podsOn(node) {
+	for _, p := range pods {
 		key := p.Namespace + "/" + p.Name
 		touched = c.woken(c.desired.MarkUnread(key, node), touched)
 		if now, err := c.pods.Pods(p.Namespace).Get(p.Name); apierrors.IsNotFound(err) || (err == nil && now.Spec.NodeName != node) {
@@ -111,15 +117,15 @@ func (c *Controller) markNodePods(node string) []cache.Key {
 func (c *Controller) writtenNodeInfo(node *v1.Node) cache.NodeInfo {
 	info := NodeInfo(node)
 	if old, ok := c.actual.Node(node.Name); info.Managed && (!ok || !old.Exists || !old.Managed) {
-		c.touch(c.markNodePods(node.Name)...)
+		c.touch(c.markPods(node.Name, c.podsOn(node.Name))...)
 	}
 	return info
 }
 
-// desiredOn returns the keys the pods on node want, as last read.
-func (c *Controller) desiredOn(node string) []cache.Key {
+// desiredOf returns the keys pods, on node, want, as last read.
+func (c *Controller) desiredOf(node string, pods []*v1.Pod) []cache.Key {
 	var keys []cache.Key
-	for _, p := range c.podsOn(node) {
+	for _, p := range pods {
 		for _, pv := range c.desired.PodVolumes(p.Namespace+"/"+p.Name, string(p.UID)) {
 			keys = append(keys, cache.Key{Volume: pv.Spec.Name, Node: node})
 		}

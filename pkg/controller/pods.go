@@ -44,29 +44,33 @@ func (c *Controller) readPod(ctx context.Context, key string) ([]cache.Key, erro
 	}
 	ref := cache.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)}
 	node := pod.Spec.NodeName
-	switch c.podPlace(pod) {
-	case placeNone:
-		return c.woken(c.desired.Read(key), c.desired.SetPod(ref, node, nil)), nil
-	case placeUnmanagedNode:
-		// Its kubelet attaches and detaches; nothing is done there
-		// (Decide). But the node's facts may not say so yet, or may say
-		// managed again before the pod is read again (the node's handler
-		// queues its pods then): until it is, nothing there is taken as
-		// unwanted for want of this pod.
-		return c.woken(c.desired.MarkUnread(key, node), c.desired.SetPod(ref, node, nil)), nil
-	case placeUnknownNode:
-		if n, ok := c.actual.Node(node); ok && n.Exists {
-			// Deleted, the node's sync not done yet, or deleted and created
-			// again (its add queues its pods): as above.
-			return c.woken(c.desired.MarkUnread(key, node), c.desired.SetPod(ref, node, nil)), nil
+	if place := c.podPlace(pod); place != placeManagedNode {
+		if place == placeUnmanagedNode || (place == placeUnknownNode && c.existsInFacts(node)) {
+			// Unmanaged: its kubelet attaches and detaches, nothing is done
+			// there (Decide), but the node's facts may not say so yet, or
+			// may say managed again before the pod is read again (the
+			// node's handler queues its pods then). Missing while known to
+			// exist: deleted, its sync not done yet, or created again (its
+			// add queues its pods). Until the pod is read again, nothing
+			// there is taken as unwanted for want of it: marked before the
+			// desired state loses it.
+			emptied := c.desired.MarkUnread(key, node)
+			return c.woken(emptied, c.desired.SetPod(ref, node, nil)), nil
 		}
-		// Gone, or never seen: nothing there waits on the pod.
-		return c.woken(c.desired.Read(key), c.desired.SetPod(ref, node, nil)), nil
+		// Not scheduled, terminated, or on a node gone or never seen.
+		touched := c.desired.SetPod(ref, node, nil)
+		return c.woken(c.desired.Read(key), touched), nil
 	}
 	vols := c.podVolumes(ctx, pod)
 	touched := c.desired.SetPodVolumes(ref, node, vols)
 	c.countDecisions(vols, touched)
 	return c.woken(c.desired.Read(key), touched), nil
+}
+
+// existsInFacts tells whether the actual state knows node to exist.
+func (c *Controller) existsInFacts(node string) bool {
+	n, ok := c.actual.Node(node)
+	return ok && n.Exists
 }
 
 // woken adds to touched the attachments on node, whose last unread pod was
