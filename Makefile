@@ -35,7 +35,7 @@ E2E_TOOLS := etcd kube-apiserver csi-attacher csi-mock-driver
 # manifests/, as `kubectl kustomize` would), and the e2e stack.
 TOOLS := $(E2E_TOOLS) kube-controller-manager kustomize
 
-.PHONY: all build tools go-tools promtool test-binaries test test-unit test-sim test-integration test-e2e test-chaos chaos demo bench verify image clean
+.PHONY: all build tools go-tools promtool test-binaries test test-unit test-bench test-sim test-integration test-e2e test-chaos chaos demo bench verify image clean
 
 all: build
 
@@ -58,7 +58,7 @@ promtool:
 # simulation, which compute (each target's output is printed whole when it
 # ends).
 test:
-	$(MAKE) --no-print-directory --output-sync=target -j 5 test-unit test-sim test-integration test-e2e test-chaos
+	$(MAKE) --no-print-directory --output-sync=target -j 5 test-unit test-bench test-sim test-integration test-e2e test-chaos
 
 # The race detector builds every dependency again (cgo, instrumented): it runs
 # the packages that have tests. The others (pkg/server, the command's main
@@ -74,6 +74,13 @@ RACE_GCFLAGS := -gcflags='all=-N -l' -gcflags='std='
 
 test-unit:
 	CGO_ENABLED=1 $(GO_TEST) $(TEST_FLAGS) -race $(RACE_GCFLAGS) $(RACE_PACKAGES)
+
+# Every Go benchmark once (-short: the controller's cost benchmarks at their
+# smallest size), without the race detector: a benchmark checks what it
+# measures (the writes an event must make, the decision it must reach), and
+# a check that no longer holds fails here, not in a later make bench.
+test-bench:
+	$(GO_TEST) $(TEST_FLAGS) -short -run '^$$' -bench . -benchtime=1x ./pkg/cache ./pkg/reconciler ./pkg/controller
 
 # The deterministic simulation (test/sim): SIM_SEEDS seeds from SIM_FIRST_SEED;
 # SIM_SEED=N replays one seed with its whole trace.

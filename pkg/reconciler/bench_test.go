@@ -57,11 +57,12 @@ func (benchMechanism) Detach(context.Context, cache.Attachment) (bool, error) { 
 
 // benchWorld returns a Reconciler over 100,000 volumes wanted and attached
 // (and reported) on managed Ready nodes that have none in use, plus one
-// volume, benchVolumes, attached on node 0 and wanted by nobody.
+// volume, benchVolumes, attached and wanted by nobody on a node of its own
+// (benchNode(benchNodes), as healthy as the others).
 func benchWorld(b *testing.B) (*reconciler.Reconciler, *cache.DesiredState, *cache.ActualState) {
 	b.Helper()
 	desired, actual := cache.NewDesiredState(), cache.NewActualState()
-	for n := range benchNodes {
+	for n := range benchNodes + 1 {
 		actual.SetNode(benchNode(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: map[volume.Name]bool{}})
 	}
 	attach := func(v int) {
