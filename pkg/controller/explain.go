@@ -1,8 +1,13 @@
 package controller
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
+
+	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
@@ -11,15 +16,18 @@ import (
 
 // Explanation is the answer to "why is this volume (not) attached there".
 type Explanation struct {
-	Volume   string   `json:"volume"`
-	Node     string   `json:"node"`
-	Action   string   `json:"action"`
-	Reason   string   `json:"reason"`
-	Desired  bool     `json:"desired"`
-	Pods     []string `json:"pods,omitempty"`
-	State    string   `json:"state,omitempty"`
-	Reported bool     `json:"reportedInNodeStatus"`
-	Error    string   `json:"lastError,omitempty"`
+	Volume string `json:"volume"`
+	// PodVolume names the pod's volume of an answer about a volume the pod
+	// wants nothing attached for; empty with Volume: about the whole pod.
+	PodVolume string   `json:"podVolume,omitempty"`
+	Node      string   `json:"node"`
+	Action    string   `json:"action"`
+	Reason    string   `json:"reason"`
+	Desired   bool     `json:"desired"`
+	Pods      []string `json:"pods,omitempty"`
+	State     string   `json:"state,omitempty"`
+	Reported  bool     `json:"reportedInNodeStatus"`
+	Error     string   `json:"lastError,omitempty"`
 	// Mechanism is how the volume is attached on the node, and why.
 	Mechanism *Mechanism `json:"mechanism,omitempty"`
 	// Shadow, in shadow mode, is what the cluster shows beside what this
@@ -87,11 +95,73 @@ func (c *Controller) mechanism(d reconciler.Decision) *Mechanism {
 	return m
 }
 
-// ExplainPod explains every volume a pod wants.
-func (c *Controller) ExplainPod(podKey string) []Explanation {
-	var out []Explanation
+// ExplainPod explains every volume a pod wants attached and, for the pod or
+// each volume of it that wants nothing attached, why not: never an empty
+// answer for a pod that exists, or does not.
+func (c *Controller) ExplainPod(ctx context.Context, podKey string) []Explanation {
+	out := []Explanation{}
 	for _, k := range c.desired.PodKeys(podKey) {
 		out = append(out, c.Explain(k))
+	}
+	return append(out, c.explainNotWanted(ctx, podKey, len(out) > 0)...)
+}
+
+// explainNotWanted says why the pod at podKey, or a volume of it, wants
+// nothing attached; wants tells whether it wants some volume attached.
+func (c *Controller) explainNotWanted(ctx context.Context, podKey string, wants bool) []Explanation {
+	none := func(node, reason string, args ...any) []Explanation {
+		return []Explanation{{Node: node, Action: string(reconciler.Nothing), Reason: fmt.Sprintf(reason, args...)}}
+	}
+	ns, name, err := toolscache.SplitMetaNamespaceKey(podKey)
+	if err != nil {
+		return none("", "not a pod: want <namespace>/<name>")
+	}
+	pod, err := c.pods.Pods(ns).Get(name)
+	if err != nil {
+		return none("", "no pod %s in the controller's cache: not created, deleted, or not listed yet", podKey)
+	}
+	node := pod.Spec.NodeName
+	switch c.podPlace(pod) {
+	case placeNone:
+		if node == "" {
+			return none(node, "not scheduled to a node yet")
+		}
+		return none(node, "terminated: the volumes of a pod that has terminated are not wanted")
+	case placeUnknownNode:
+		return none(node, "node %s is not in the controller's cache: not created yet, or deleted", node)
+	case placeUnmanagedNode:
+		return none(node, "node %s is not managed by an attach/detach controller (no annotation %s): its kubelet attaches its volumes", node, managedAnnotation)
+	}
+	if !wants && c.desired.Partial() {
+		return none(node, "reading every pod after the controller started: this one may not be read yet")
+	}
+	wanted := map[string]bool{}
+	for _, pv := range c.desired.PodVolumes(podKey, string(pod.UID)) {
+		wanted[pv.Name] = true
+	}
+	var out []Explanation
+	for i := range pod.Spec.Volumes {
+		vol := &pod.Spec.Volumes[i]
+		if wanted[vol.Name] {
+			continue
+		}
+		e := Explanation{PodVolume: vol.Name, Node: node, Action: string(reconciler.Nothing)}
+		spec, err := c.podVolume(ctx, pod, vol)
+		switch {
+		case errors.Is(err, volume.ErrNotAttachable):
+			if claimName(pod, vol) == "" {
+				continue // an emptyDir, a secret...: nothing to say
+			}
+			e.Reason = "nothing to attach: its plugin has no attacher, or its CSIDriver says attachRequired: false"
+		case errors.Is(err, errWaiting):
+			e.Action, e.Reason = string(reconciler.Wait), err.Error()
+		case err != nil:
+			e.Reason = "can't be resolved (see the pod's FailedAttachVolume events): " + err.Error()
+		default:
+			e.Volume = string(spec.Name)
+			e.Reason = "resolves to this volume; the pod's last change is not read yet"
+		}
+		out = append(out, e)
 	}
 	return out
 }
@@ -116,7 +186,7 @@ func (c *Controller) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var body any
 	switch {
 	case q.Get("pod") != "":
-		body = c.ExplainPod(q.Get("pod"))
+		body = c.ExplainPod(r.Context(), q.Get("pod"))
 	case q.Get("volume") != "" && q.Get("node") != "":
 		body = c.Explain(cache.Key{Volume: volume.Name(q.Get("volume")), Node: q.Get("node")})
 	default:

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -114,7 +115,7 @@ func TestExplainMechanism(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := map[string]Mechanism{}
-			for _, e := range c.ExplainPod("ns/pod") {
+			for _, e := range c.ExplainPod(ctx, "ns/pod") {
 				if e.Mechanism == nil {
 					t.Errorf("%s: no mechanism explained", e.Volume)
 					continue
@@ -130,5 +131,65 @@ func TestExplainMechanism(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// /explain?pod= never answers with nothing: a pod that wants no volume
+// attached, or a volume of it that is not, is told why.
+func TestExplainPodSaysWhyNothingIsWanted(t *testing.T) {
+	noAttach := &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: "noattach.example.com"},
+		Spec: storagev1.CSIDriverSpec{AttachRequired: new(bool)}}
+	pvC := csiPV("c", "h-c")
+	pvC.Spec.CSI.Driver = noAttach.Name
+	mixed := withPod(pod("mixed", "n1", "a", "b", "gone", "c"), inlineVolume(v1.Volume{Name: "scratch",
+		VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}))
+	f := newFixture(t, node("n1"), node("n2", unmanaged), claim("a"), csiPV("a", "h-a"), unboundClaim("b"),
+		claim("c"), pvC, noAttach, mixed, pod("unscheduled", "", "a"), withPod(pod("done", "n1", "a"), phase(v1.PodSucceeded)),
+		pod("away", "n2", "a"), pod("ghost", "n9", "a"), pod("unread", "n1", "a"))
+	for _, p := range []string{"mixed", "unscheduled", "done", "away", "ghost"} {
+		if err := f.c.syncPod(f.ctx, ns+"/"+p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One line an answer: pod volume, volume, action, then the reason.
+	explain := func(p string) []string {
+		var out []string
+		for _, e := range f.c.ExplainPod(f.ctx, ns+"/"+p) {
+			out = append(out, e.PodVolume+" "+e.Volume+" "+e.Action+" "+e.Reason)
+		}
+		return out
+	}
+	tests := []struct {
+		pod  string
+		want []string // each answer's line starts with one, in order
+	}{
+		{"missing", []string{"  nothing no pod default/missing in the controller's cache"}},
+		{"unscheduled", []string{"  nothing not scheduled to a node yet"}},
+		{"done", []string{"  nothing terminated"}},
+		{"away", []string{"  nothing node n2 is not managed by an attach/detach controller"}},
+		{"ghost", []string{"  nothing node n9 is not in the controller's cache"}},
+		{"unread", []string{"a " + csiName("h-a") + " nothing resolves to this volume; the pod's last change is not read yet"}},
+		{"mixed", []string{
+			" " + csiName("h-a") + " attach ",
+			"b  wait claim b is not bound",
+			"gone  nothing can't be resolved (see the pod's FailedAttachVolume events): PersistentVolumeClaim \"default/gone\" not found",
+			"c  nothing nothing to attach",
+		}},
+	}
+	for _, tc := range tests {
+		got := explain(tc.pod)
+		ok := len(got) == len(tc.want)
+		for i := 0; ok && i < len(got); i++ {
+			ok = strings.HasPrefix(got[i], tc.want[i])
+		}
+		if !ok {
+			t.Errorf("/explain?pod=%s/%s:\n got %q\nwant %q...", ns, tc.pod, got, tc.want)
+		}
+	}
+
+	// While the pods are read after a start, a pod not read yet says so.
+	f.c.desired.SetPartial(true)
+	if got, want := explain("unread"), "  nothing reading every pod after the controller started"; len(got) != 1 || !strings.HasPrefix(got[0], want) {
+		t.Errorf("while pods are read: got %q, want %q...", got, want)
 	}
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,6 +37,25 @@ func TestAttachAndDetach(t *testing.T) {
 			vaB.Name, vaB.UID, got.UID, got.DeletionTimestamp, got.Status.Attached)
 	}
 	e.waitAttached(b, e.nodes[1])
+
+	// A pod whose claim does not exist: /explain says why nothing is
+	// attached for it, as its event does; once deleted, that it is gone.
+	e.createPod("pod-lost", e.nodes[0], "no-such-claim")
+	e.waitEvent("pod-lost", "FailedAttachVolume", `PersistentVolumeClaim "`+e.ns+`/no-such-claim" not found`)
+	expl, raw, err := e.controller.Explain(e.ctx, e.ns+"/pod-lost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(expl) != 1 || expl[0].PodVolume == "" || expl[0].Action != "nothing" ||
+		!strings.Contains(expl[0].Reason, `PersistentVolumeClaim "`+e.ns+`/no-such-claim" not found`) {
+		t.Errorf("/explain?pod=%s/pod-lost: want its volume, nothing done, the claim not found; got %s", e.ns, raw)
+	}
+	e.deletePod("pod-lost")
+	e.waitPodGone("pod-lost")
+	e.eventually(func() (bool, error) {
+		expl, _, err := e.controller.Explain(e.ctx, e.ns+"/pod-lost")
+		return err == nil && len(expl) == 1 && strings.HasPrefix(expl[0].Reason, "no pod "+e.ns+"/pod-lost"), err
+	}, "/explain?pod=%s/pod-lost says the pod is gone", e.ns)
 
 	// Dashboards count attaches and detaches with this histogram.
 	for op, want := range map[string]float64{"volume_attach": 2, "volume_detach": 1} {

@@ -130,7 +130,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"On SIGTERM, how long the controller (still holding its Lease) waits for the attaches and detaches under way to finish, "+
 			"starting none, and lists in node status every volume attached, before it exits: the next controller "+
 			"(a standby, or kube-controller-manager after a rollback) then finds no VolumeAttachment it could take for unattached. "+
-			"0: exit at once. Keep it below the pod's terminationGracePeriodSeconds.")
+			"0: exit at once; at most 10m. Keep it below the pod's terminationGracePeriodSeconds.")
 	fs.BoolVar(&o.Shadow, "shadow", o.Shadow,
 		"Shadow mode: run beside kube-controller-manager's attach/detach controller, decide as usual and write nothing "+
 			"(no VolumeAttachment, node status or event; only the Lease of leader election); report where this controller "+

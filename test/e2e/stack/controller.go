@@ -150,15 +150,16 @@ func (c *Controller) Metrics(ctx context.Context) (framework.Metrics, error) {
 // Explanation is one volume of an /explain answer: what the controller
 // will do with the volume on the node, and why.
 type Explanation struct {
-	Volume   string   `json:"volume"`
-	Node     string   `json:"node"`
-	Action   string   `json:"action"`
-	Reason   string   `json:"reason"`
-	Desired  bool     `json:"desired"`
-	Pods     []string `json:"pods,omitempty"`
-	State    string   `json:"state,omitempty"`
-	Reported bool     `json:"reportedInNodeStatus"`
-	Error    string   `json:"lastError,omitempty"`
+	Volume    string   `json:"volume"`
+	PodVolume string   `json:"podVolume,omitempty"`
+	Node      string   `json:"node"`
+	Action    string   `json:"action"`
+	Reason    string   `json:"reason"`
+	Desired   bool     `json:"desired"`
+	Pods      []string `json:"pods,omitempty"`
+	State     string   `json:"state,omitempty"`
+	Reported  bool     `json:"reportedInNodeStatus"`
+	Error     string   `json:"lastError,omitempty"`
 }
 
 // Explain asks /explain about every volume of the pod namespace/name. raw is
