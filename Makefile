@@ -1,9 +1,11 @@
 # attach-detach-controller
 #
 #   make demo         run the controller's job on an embedded local cluster
-#   make test         unit tests, simulation, integration tests against a real
-#                     kube-apiserver, end-to-end and a short chaos run
-#   make verify       gofmt, go vet, staticcheck
+#   make test         unit tests, every Go benchmark once, simulation,
+#                     integration tests against a real kube-apiserver,
+#                     end-to-end and a short chaos run
+#   make verify       gofmt, go vet, staticcheck, module and version pins,
+#                     the Dockerfile and the manifests
 
 SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
