@@ -163,6 +163,9 @@ func (c *Controller) explainNotWanted(ctx context.Context, podKey string, wants 
 		}
 		out = append(out, e)
 	}
+	if !wants && len(out) == 0 {
+		return none(node, "none of its volumes is attached to a node (emptyDir, secrets, ...)")
+	}
 	return out
 }
 

@@ -145,8 +145,9 @@ func TestExplainPodSaysWhyNothingIsWanted(t *testing.T) {
 		VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}))
 	f := newFixture(t, node("n1"), node("n2", unmanaged), claim("a"), csiPV("a", "h-a"), unboundClaim("b"),
 		claim("c"), pvC, noAttach, mixed, pod("unscheduled", "", "a"), withPod(pod("done", "n1", "a"), phase(v1.PodSucceeded)),
-		pod("away", "n2", "a"), pod("ghost", "n9", "a"), pod("unread", "n1", "a"))
-	for _, p := range []string{"mixed", "unscheduled", "done", "away", "ghost"} {
+		pod("away", "n2", "a"), pod("ghost", "n9", "a"), pod("unread", "n1", "a"),
+		withPod(pod("scratch-only", "n1"), inlineVolume(v1.Volume{Name: "scratch", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}})))
+	for _, p := range []string{"mixed", "unscheduled", "done", "away", "ghost", "scratch-only"} {
 		if err := f.c.syncPod(f.ctx, ns+"/"+p); err != nil {
 			t.Fatal(err)
 		}
@@ -168,6 +169,7 @@ func TestExplainPodSaysWhyNothingIsWanted(t *testing.T) {
 		{"done", []string{"  nothing terminated"}},
 		{"away", []string{"  nothing node n2 is not managed by an attach/detach controller"}},
 		{"ghost", []string{"  nothing node n9 is not in the controller's cache"}},
+		{"scratch-only", []string{"  nothing none of its volumes is attached to a node"}},
 		{"unread", []string{"a " + csiName("h-a") + " nothing resolves to this volume; the pod's last change is not read yet"}},
 		{"mixed", []string{
 			" " + csiName("h-a") + " attach ",
