@@ -97,9 +97,11 @@ var sharedStrings = struct {
 	m map[string]string
 }{m: map[string]string{}}
 
-// trimPVC keeps what binds a claim to its PV.
+// trimPVC keeps what binds a claim to its PV, and its controller: a
+// generic ephemeral volume's claim counts only when the pod controls it
+// (claimedPV).
 func trimPVC(pvc *v1.PersistentVolumeClaim) *v1.PersistentVolumeClaim {
-	return &v1.PersistentVolumeClaim{
+	out := &v1.PersistentVolumeClaim{
 		TypeMeta: pvc.TypeMeta,
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: shared(pvc.Namespace), Name: pvc.Name, UID: pvc.UID, ResourceVersion: pvc.ResourceVersion,
@@ -108,6 +110,12 @@ func trimPVC(pvc *v1.PersistentVolumeClaim) *v1.PersistentVolumeClaim {
 		Spec:   v1.PersistentVolumeClaimSpec{VolumeName: pvc.Spec.VolumeName},
 		Status: v1.PersistentVolumeClaimStatus{Phase: pvc.Status.Phase},
 	}
+	if ref := metav1.GetControllerOfNoCopy(pvc); ref != nil {
+		out.OwnerReferences = []metav1.OwnerReference{{
+			APIVersion: ref.APIVersion, Kind: ref.Kind, Name: ref.Name, UID: ref.UID, Controller: ref.Controller,
+		}}
+	}
+	return out
 }
 
 func trimPod(p *v1.Pod) *v1.Pod {
