@@ -82,8 +82,10 @@ type NodeInfo struct {
 	// ResourceVersion and UID are the Node object's these facts come from.
 	ResourceVersion string
 	UID             string
-	// Seen: a Node object was read (SetNode). Of a node never seen (its
-	// object gone before this controller started) nothing is known:
+	// Seen: what the node has mounted is known: a Node object was read
+	// (SetNode) and, once it is deleted, its final state too (DeleteNode).
+	// Of a node never seen (its object gone before this controller
+	// started), or whose final state is unknown, nothing is known:
 	// everything attached there may be mounted.
 	Seen bool
 }
@@ -102,6 +104,11 @@ type ActualState struct {
 	// byAttachmentName finds the key of a VolumeAttachment whose source can
 	// no longer be read (its PV is gone).
 	byAttachmentName map[string]Key
+	// byOtherName finds attachments by the other names of their volume
+	// (Spec.AllNames and DiskName, but the one they are recorded under):
+	// one disk spelled two ways has two in-tree names and one CSI name,
+	// and a single-node volume must be found under any of them.
+	byOtherName map[volume.Name]map[Key]struct{}
 	// Counts kept as attachments change, so that a metrics scrape reads a
 	// few numbers instead of every attachment: by metric plugin name, by
 	// state, and the attaches not confirmed yet (few, unless an attacher
@@ -146,6 +153,7 @@ func NewActualState() *ActualState {
 		volumes:          map[volume.Name]map[string]*Attachment{},
 		nodes:            map[string]*nodeEntry{},
 		byAttachmentName: map[string]Key{},
+		byOtherName:      map[volume.Name]map[Key]struct{}{},
 		byPlugin:         map[string]int{},
 		byState:          map[State]int{},
 		unconfirmed:      map[Key]*Attachment{},
@@ -203,7 +211,33 @@ func (a *ActualState) Update(k Key, create bool, fn func(*Attachment)) bool {
 	if at.AttachmentName != "" {
 		a.byAttachmentName[at.AttachmentName] = k
 	}
+	if before.Spec != at.Spec {
+		a.indexOtherNamesLocked(k, before.Spec, false)
+		a.indexOtherNamesLocked(k, at.Spec, true)
+	}
 	return !ok || before != *at
+}
+
+// indexOtherNamesLocked adds (or removes) k under the other names of spec.
+func (a *ActualState) indexOtherNamesLocked(k Key, spec *volume.Spec, add bool) {
+	if spec == nil {
+		return
+	}
+	for _, name := range spec.OtherNames(k.Volume) {
+		keys := a.byOtherName[name]
+		if add {
+			if keys == nil {
+				keys = map[Key]struct{}{}
+				a.byOtherName[name] = keys
+			}
+			keys[k] = struct{}{}
+			continue
+		}
+		delete(keys, k)
+		if len(keys) == 0 {
+			delete(a.byOtherName, name)
+		}
+	}
 }
 
 // Delete forgets the attachment at k: the volume is detached.
@@ -226,6 +260,7 @@ func (a *ActualState) Delete(k Key) bool {
 	if at.AttachmentName != "" && a.byAttachmentName[at.AttachmentName] == k {
 		delete(a.byAttachmentName, at.AttachmentName)
 	}
+	a.indexOtherNamesLocked(k, at.Spec, false)
 	if n := a.nodes[k.Node]; n != nil {
 		delete(n.attachments, k.Volume)
 		if at.Reported {
@@ -315,16 +350,23 @@ func older(a, b string) bool {
 	return err == nil && c < 0
 }
 
-// DeleteNode records that the Node object is gone. Its last known in-use
-// list is kept: a volume mounted on a vanished node is still treated as
-// mounted until the max wait for unmount has passed, out-of-service taint or
-// not.
-func (a *ActualState) DeleteNode(name string) []Key {
+// DeleteNode records that the Node object is gone. With final (the delete
+// event carried the object's last state, set by SetNode before), its last
+// in-use list is kept: a volume mounted on a vanished node is still treated
+// as mounted until the max wait for unmount has passed, out-of-service
+// taint or not. Without it (a relist found the node gone: its tombstone
+// holds the informer's last copy, which may predate mounts the watch
+// missed), nothing is known of what it had mounted: everything attached
+// there may be.
+func (a *ActualState) DeleteNode(name string, final bool) []Key {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n, ok := a.nodes[name]
 	if !ok || !n.info.Exists {
 		return nil
+	}
+	if !final {
+		n.info.Seen, n.info.InUse = false, nil
 	}
 	n.info.Exists = false
 	n.info.Ready = false
@@ -383,20 +425,27 @@ func (a *ActualState) NodesOf(name volume.Name) []string {
 	return nodes
 }
 
-// AttachedElsewhere returns the attachments of a volume, under any of names,
-// on nodes other than node, in any state (an uncertain or detaching volume
-// may still be attached).
+// AttachedElsewhere returns the attachments of a volume, under any of names
+// or recorded with a spec that has one of them among its names (another
+// spelling of the same disk), on nodes other than node, in any state (an
+// uncertain or detaching volume may still be attached).
 func (a *ActualState) AttachedElsewhere(names []volume.Name, node string) []Key {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	var keys []Key
 	for _, name := range names {
 		for n := range a.volumes[name] {
-			if n != node {
-				keys = append(keys, Key{Volume: name, Node: n})
+			if k := (Key{Volume: name, Node: n}); n != node && !slices.Contains(keys, k) {
+				keys = append(keys, k)
+			}
+		}
+		for k := range a.byOtherName[name] {
+			if k.Node != node && !slices.Contains(keys, k) {
+				keys = append(keys, k)
 			}
 		}
 	}
+	slices.SortFunc(keys, func(x, y Key) int { return strings.Compare(x.String(), y.String()) })
 	return keys
 }
 
@@ -489,7 +538,14 @@ func (a *ActualState) EndReport(node string, written []v1.AttachedVolume, ok boo
 	}
 	in := make(map[volume.Name]bool, len(written))
 	for _, r := range written {
-		in[volume.Name(r.Name)] = true
+		v := volume.Name(r.Name)
+		in[v] = true
+		if n.attachments[v] == nil {
+			// Its record went while the write was in flight (someone
+			// deleted its VolumeAttachment): node.status lists it, or may,
+			// until a later write takes it out.
+			a.markUnrecordedLocked(n, v)
+		}
 	}
 	var keys []Key
 	for v, at := range n.attachments {

@@ -91,7 +91,7 @@ func TestNodeGoneMountsUnknownUntilItsLastStateIsRead(t *testing.T) {
 	// The deleted object's last state, then the delete: what it had
 	// mounted then.
 	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, InUse: map[volume.Name]bool{volA: true}})
-	a.DeleteNode("n1")
+	a.DeleteNode("n1", true)
 	if n, _ := a.Node("n1"); n.Exists || !n.Seen || !n.Mounted(volA) {
 		t.Errorf("deleted node %+v: want its last in-use list", n)
 	}
@@ -155,5 +155,74 @@ func TestDetachedWhileListedStaysListedUntilWritten(t *testing.T) {
 	b.Delete(kA)
 	if _, changed := b.BeginReport("n1"); !changed {
 		t.Error("node status still lists a detached volume and no write is due")
+	}
+}
+
+// A write that lists a volume is in flight when the volume's record goes
+// (someone deleted its VolumeAttachment): the write's success must not
+// clear what it just listed. Recorded again, the volume counts as listed,
+// and a detach waits for a write that takes it out.
+func TestRecordGoneDuringAWriteThatListsItStaysListed(t *testing.T) {
+	for _, ok := range []bool{true, false} {
+		a := NewActualState()
+		a.SetNode("n1", NodeInfo{Managed: true, Ready: true})
+		kA := k(volA, "n1")
+		a.Update(kA, true, func(at *Attachment) { at.State = Attached })
+		written, changed := a.BeginReport("n1")
+		if !changed || len(written) != 1 {
+			t.Fatalf("BeginReport = %v, %v; want a write listing %s", written, changed, volA)
+		}
+		a.Delete(kA)
+		a.EndReport("n1", written, ok)
+		a.Update(kA, true, func(at *Attachment) { at.State = Uncertain })
+		if !a.ReportPending(kA) || a.BeginDetach(kA, time.Now()) {
+			t.Errorf("write ok=%v: a volume the write listed is taken as not listed", ok)
+		}
+		list, changed := a.BeginReport("n1")
+		if !changed || len(list) != 0 {
+			t.Errorf("write ok=%v: BeginReport = %v, %v; want a write taking it out", ok, list, changed)
+		}
+		a.EndReport("n1", list, true)
+		if a.ReportPending(kA) || !a.BeginDetach(kA, time.Now()) {
+			t.Errorf("write ok=%v: after the write that took it out, the detach may start", ok)
+		}
+	}
+}
+
+// A node whose deletion came from a relist (a tombstone, its last state
+// unknown) may have anything mounted; one deleted with its final state
+// keeps that state.
+func TestDeletedNodeWithoutItsFinalStateMayHaveAnythingMounted(t *testing.T) {
+	for _, final := range []bool{true, false} {
+		a := NewActualState()
+		a.SetNode("n1", NodeInfo{Managed: true, Ready: true, InUse: map[volume.Name]bool{}})
+		a.Update(k(volA, "n1"), true, func(at *Attachment) { at.State = Attached })
+		if keys := a.DeleteNode("n1", final); len(keys) != 1 {
+			t.Errorf("final=%v: DeleteNode touched %v, want the attachment", final, keys)
+		}
+		n, _ := a.Node("n1")
+		if n.Exists || n.Mounted(volA) == final {
+			t.Errorf("final=%v: node %+v, mounted %v; want gone, mounted %v", final, n, n.Mounted(volA), !final)
+		}
+	}
+}
+
+// One disk spelled two ways (two in-tree names, one CSI name) is found
+// attached elsewhere under any of its names.
+func TestAttachedElsewhereFindsOtherSpellings(t *testing.T) {
+	csi := volume.CSIName("ebs.csi.aws.com", "vol-1")
+	one := &volume.Spec{Name: "kubernetes.io/aws-ebs/aws://us-east-1a/vol-1", Aliases: []volume.Name{csi},
+		Driver: "ebs.csi.aws.com", VolumeHandle: "vol-1", SingleNode: true}
+	other := &volume.Spec{Name: "kubernetes.io/aws-ebs/vol-1", Aliases: []volume.Name{csi},
+		Driver: "ebs.csi.aws.com", VolumeHandle: "vol-1", SingleNode: true}
+	a := NewActualState()
+	kOne := Key{Volume: one.Name, Node: "n1"}
+	a.Update(kOne, true, func(at *Attachment) { at.Spec = one })
+	if got := a.AttachedElsewhere(append(other.AllNames(), other.DiskName()), "n2"); len(got) != 1 || got[0] != kOne {
+		t.Errorf("AttachedElsewhere = %v, want %v", got, kOne)
+	}
+	a.Delete(kOne)
+	if got := a.AttachedElsewhere(append(other.AllNames(), other.DiskName()), "n2"); len(got) != 0 {
+		t.Errorf("AttachedElsewhere = %v after the detach, want nothing", got)
 	}
 }
