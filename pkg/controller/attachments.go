@@ -44,7 +44,7 @@ func (c *Controller) syncAttachment(ctx context.Context, name string) error {
 				}
 				c.actual.Delete(k)
 				logger.V(2).Info("VolumeAttachment is gone: volume detached", "volume", k.Volume, "node", k.Node)
-				c.touch(k)
+				c.touch(append(c.reconciler.WantedUnderOtherNames(a), k)...)
 			}
 		}
 		return nil

@@ -427,12 +427,20 @@ func (c *Controller) nodeAdded(obj any) {
 
 // nodeDeleted queues the node with its last state: the updates before the
 // delete may not have been synced, and what the node had mounted last
-// decides whether its volumes may be detached before the max wait.
+// decides whether its volumes may be detached before the max wait. A
+// tombstone (a relist found the node gone) holds only the informer's last
+// copy, which may miss mounts made since: no last state is recorded, and
+// the node's sync takes what it had mounted as unknown.
 func (c *Controller) nodeDeleted(obj any) {
+	_, tombstone := obj.(toolscache.DeletedFinalStateUnknown)
 	obj = unwrap(obj)
 	if n, ok := obj.(*v1.Node); ok {
 		c.mu.Lock()
-		c.goneNodes[n.Name] = n
+		if tombstone {
+			delete(c.goneNodes, n.Name)
+		} else {
+			c.goneNodes[n.Name] = n
+		}
 		c.mu.Unlock()
 	}
 	c.nodeChanged(nil, obj)

@@ -48,7 +48,9 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 			// found it gone: nothing says what it had mounted.
 			return nil
 		}
-		c.touch(c.actual.DeleteNode(name)...)
+		// Without its last state (a relist found it gone), what it had
+		// mounted is unknown.
+		c.touch(c.actual.DeleteNode(name, last != nil)...)
 		if !c.podsReadLater {
 			c.enqueueNodePods(name)
 		}
@@ -93,16 +95,19 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	return nil
 }
 
-// markPods marks pods, on node, unread (DesiredState.MarkUnread) and
-// returns the attachments of other nodes whose last unread pod was one of
-// them (a pod of the same name). A pod already gone from the lister, or
-// replaced by one of the same name on another node, is read as such at
-// once: its last event may have been read before the mark.
+// markPods marks pods, on node, unread (DesiredState.MarkUnread), queues
+// them (their read clears the mark: a mark is never left without one on
+// its way, whoever set it) and returns the attachments of other nodes
+// whose last unread pod was one of them (a pod of the same name). A pod
+// already gone from the lister, or replaced by one of the same name on
+// another node, is read as such at once: its last event may have been read
+// before the mark.
 func (c *Controller) markPods(node string, pods []*v1.Pod) []cache.Key {
 	var touched []cache.Key
 	for _, p := range pods {
 		key := p.Namespace + "/" + p.Name
 		touched = c.woken(c.desired.MarkUnread(key, node), touched)
+		c.podQueue.Add(key)
 		if now, err := c.pods.Pods(p.Namespace).Get(p.Name); apierrors.IsNotFound(err) || (err == nil && now.Spec.NodeName != node) {
 			touched = c.woken(c.desired.Read(key), touched)
 		}
@@ -112,8 +117,8 @@ func (c *Controller) markPods(node string, pods []*v1.Pod) []cache.Key {
 
 // writtenNodeInfo is NodeInfo for the answer of a node status write. An
 // answer that says managed before the node's sync has read so marks the
-// node's pods unread first, as that sync would (syncNode); the sync still
-// queues them, for it compares with what it read last.
+// node's pods unread first and queues them, as that sync would (syncNode):
+// the sync, which compares with what it read last, may see no change.
 func (c *Controller) writtenNodeInfo(node *v1.Node) cache.NodeInfo {
 	info := NodeInfo(node)
 	if old, ok := c.actual.Node(node.Name); info.Managed && (!ok || !old.Exists || !old.Managed) {

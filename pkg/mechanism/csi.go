@@ -88,7 +88,12 @@ func (c *CSI) Attach(ctx context.Context, spec *volume.Spec, node string) (recon
 		return res, fmt.Errorf("get VolumeAttachment %s: %w", name, err)
 	}
 	va = NewAttachment(name, spec, node)
-	if _, err := c.client.StorageV1().VolumeAttachments().Create(ctx, va, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	res.Created = true
+	created, err := c.client.StorageV1().VolumeAttachments().Create(ctx, va, metav1.CreateOptions{})
+	switch {
+	case err == nil:
+		res.UID = string(created.UID)
+	case !apierrors.IsAlreadyExists(err):
 		return res, fmt.Errorf("create VolumeAttachment %s: %w", name, err)
 	}
 	return res, nil

@@ -110,7 +110,7 @@ func TestCSIAttach(t *testing.T) {
 		{
 			name: "PV: creates the VolumeAttachment",
 			spec: pvSpec(),
-			want: reconciler.AttachResult{AttachmentName: name1},
+			want: reconciler.AttachResult{AttachmentName: name1, Created: true},
 			wantCreated: &storagev1.VolumeAttachment{
 				ObjectMeta: metav1.ObjectMeta{Name: name1},
 				Spec: storagev1.VolumeAttachmentSpec{Attacher: driver, NodeName: node,
@@ -121,7 +121,7 @@ func TestCSIAttach(t *testing.T) {
 		{
 			name: "migrated inline volume: creates it with the translated spec",
 			spec: migratedInline(),
-			want: reconciler.AttachResult{AttachmentName: vaName("vol-abc", "ebs.csi.aws.com", node)},
+			want: reconciler.AttachResult{AttachmentName: vaName("vol-abc", "ebs.csi.aws.com", node), Created: true},
 			wantCreated: &storagev1.VolumeAttachment{
 				ObjectMeta: metav1.ObjectMeta{Name: vaName("vol-abc", "ebs.csi.aws.com", node)},
 				Spec: storagev1.VolumeAttachmentSpec{Attacher: "ebs.csi.aws.com", NodeName: node,
@@ -133,14 +133,14 @@ func TestCSIAttach(t *testing.T) {
 			name:        "already exists in the API though not in the cache: fine",
 			spec:        pvSpec(),
 			inAPI:       []*storagev1.VolumeAttachment{va(name1, nil)},
-			want:        reconciler.AttachResult{AttachmentName: name1},
+			want:        reconciler.AttachResult{AttachmentName: name1, Created: true},
 			wantActions: 1,
 		},
 		{
 			name:     "create fails",
 			spec:     pvSpec(),
 			reactors: map[string]error{"create": errors.New("etcd unavailable")},
-			want:     reconciler.AttachResult{AttachmentName: name1},
+			want:     reconciler.AttachResult{AttachmentName: name1, Created: true},
 			wantErr:  "create VolumeAttachment " + name1 + ": etcd unavailable", wantActions: 1,
 		},
 		{

@@ -79,10 +79,23 @@ func (r *Reconciler) Decide(k cache.Key, now time.Time) Decision {
 	if d.HasAttachment && !d.Attachment.DetachStarted.IsZero() && d.Attachment.State != cache.Detaching {
 		// A detach was started and its outcome is unknown (its call
 		// failed, or its answer was lost): it is finished before the volume
-		// is attached or reported again, whoever wants it now.
+		// is attached or reported again, whoever wants it now. The volume
+		// may still be attached, and the node may have come back and
+		// mounted it since: each try is decided again under the detach
+		// rules, as the first was.
 		if r.actual.ReportPending(k) {
 			return d.with(Wait, "a detach from node %s started; waiting for node status to stop listing the volume", k.Node)
 		}
+		wanted := d.Attachment.DetachWanted
+		if wanted.IsZero() {
+			wanted = now
+		}
+		force, wait, reason := safeToDetach(k, node, wanted, now, r.cfg)
+		if reason != "" {
+			d.After = wait
+			return d.with(Wait, "a detach from node %s started and did not finish; %s", k.Node, reason)
+		}
+		d.Force = force
 		return d.with(Detach, "finishing the detach from node %s that started", k.Node)
 	}
 	if d.HasAttachment && d.Attachment.State == cache.Detaching && d.Attachment.Kind == volume.KindCSI &&

@@ -50,13 +50,15 @@ func (l *volumeLocks) unlock(name volume.Name) []cache.Key {
 }
 
 // exclusiveName is the name a decision must hold the volume's lock under
-// before it acts: the smallest of a single-node volume's names (the same
-// whichever name a node attaches it under), or "" when the decision attaches
-// nothing exclusive. An attach of a volume not wanted (one finished before a
-// handoff) holds it too.
+// before it acts, or "" when the decision attaches nothing exclusive. It is
+// the same on every node and under every spelling of the volume: the CSI
+// name of a CSI or migratable volume (two PVs may spell one EBS disk
+// "aws://us-east-1a/vol-1" and "vol-1": two in-tree names, one CSI name),
+// else its one name. An attach of a volume not wanted (one finished before
+// a handoff) holds it too.
 func exclusiveName(d Decision) volume.Name {
 	if !(d.Desired || d.Action == Attach) || d.Spec == nil || !d.Spec.SingleNode {
 		return ""
 	}
-	return slices.Min(d.Spec.AllNames())
+	return d.Spec.DiskName()
 }

@@ -41,14 +41,33 @@ func (g *gateMechanism) Detach(context.Context, cache.Attachment) (bool, error) 
 // either, and is handed back when the first is done; it then finds the
 // volume attached elsewhere.
 func TestSingleNodeAttachIsExclusiveAcrossWorkers(t *testing.T) {
+	ebs := func(id string, kind volume.Kind) *volume.Spec {
+		inTree, csi := volume.Name("kubernetes.io/aws-ebs/"+id), volume.CSIName("ebs.csi.aws.com", "vol-1")
+		s := &volume.Spec{Name: inTree, Aliases: []volume.Name{csi}, Kind: kind, PluginName: "kubernetes.io/aws-ebs",
+			Driver: "ebs.csi.aws.com", VolumeHandle: "vol-1", SingleNode: true}
+		if kind == volume.KindCSI {
+			s.Name, s.Aliases, s.Migrated = csi, []volume.Name{inTree}, true
+		}
+		return s
+	}
 	for _, tc := range []struct {
 		name      string
 		spec      *volume.Spec
+		other     *volume.Spec // the second node's, when it spells the volume otherwise
 		wantCalls int
 	}{
 		{name: "ReadWriteOnce", spec: specA, wantCalls: 1},
 		{name: "ReadWriteMany attaches on both at once", spec: specX, wantCalls: 2},
+		{name: "one disk spelled two ways, migrated", spec: ebs("aws://us-east-1a/vol-1", volume.KindCSI),
+			other: ebs("vol-1", volume.KindCSI), wantCalls: 1},
+		{name: "one disk spelled two ways, in-tree", spec: ebs("aws://us-east-1a/vol-1", volume.KindInTree),
+			other: ebs("vol-1", volume.KindInTree), wantCalls: 1},
+		{name: "one disk spelled two ways, in-tree on one node only", spec: ebs("aws://us-east-1a/vol-1", volume.KindInTree),
+			other: ebs("vol-1", volume.KindCSI), wantCalls: 1},
 	} {
+		if tc.other == nil {
+			tc.other = tc.spec
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			_, ctx := ktesting.NewTestContext(t)
 			desired, actual := cache.NewDesiredState(), cache.NewActualState()
@@ -56,11 +75,11 @@ func TestSingleNodeAttachIsExclusiveAcrossWorkers(t *testing.T) {
 				actual.SetNode(n, cache.NodeInfo{Managed: true, Ready: true})
 			}
 			desired.SetPod(podA, node1, []*volume.Spec{tc.spec})
-			desired.SetPod(podB, node2, []*volume.Spec{tc.spec})
+			desired.SetPod(podB, node2, []*volume.Spec{tc.other})
 			g := &gateMechanism{entered: make(chan cache.Key, 2), release: make(chan struct{})}
-			r := New(desired, actual, map[volume.Kind]Mechanism{volume.KindCSI: g}, record.NewFakeRecorder(10), metrics.New(),
+			r := New(desired, actual, map[volume.Kind]Mechanism{volume.KindCSI: g, volume.KindInTree: g}, record.NewFakeRecorder(10), metrics.New(),
 				Config{MaxWaitForUnmount: time.Minute})
-			k1, k2 := key(tc.spec, node1), key(tc.spec, node2)
+			k1, k2 := key(tc.spec, node1), key(tc.other, node2)
 
 			first := make(chan Result, 1)
 			go func() {

@@ -45,6 +45,12 @@ type AttachResult struct {
 	DevicePath string
 	// AttachmentName names the VolumeAttachment of a CSI attach.
 	AttachmentName string
+	// Created: the call asked the API to create the VolumeAttachment,
+	// whatever the answer; UID is the created object's, when the answer
+	// came. The object under that name, if any, may be one no informer
+	// event has shown yet.
+	Created bool
+	UID     string
 }
 
 // AttachError is an error the attacher reported for the volume (for CSI,
@@ -315,6 +321,13 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 		if res.AttachmentName != "" {
 			a.AttachmentName = res.AttachmentName
 		}
+		if res.Created && a.AttachmentUID != res.UID {
+			// The object last seen under that name is gone: the UID on
+			// record no longer names what is there, and a lister that
+			// has not shown the new one yet must not make it look
+			// detached (syncAttachment asks the API instead).
+			a.AttachmentUID = ""
+		}
 		// The volume was not attached when the attach was decided: an
 		// attachment seen attached now completed inside the call (the
 		// VolumeAttachment's informer can mark it before Attach returns).
@@ -395,7 +408,7 @@ func (r *Reconciler) detach(ctx context.Context, d Decision, now time.Time) (Res
 		r.actual.Delete(d.Key)
 		r.metrics.ObserveOperation(volume.MetricPluginName(a.Volume), metrics.OperationDetach, migrated(a), true, now.Sub(a.DetachStarted))
 		r.forget(d.Key)
-		return Result{Detached: true}, nil
+		return Result{Detached: true, Wake: r.WantedUnderOtherNames(a)}, nil
 	}
 	r.actual.Update(d.Key, false, func(a *cache.Attachment) {
 		a.State = cache.Detaching
@@ -404,6 +417,20 @@ func (r *Reconciler) detach(ctx context.Context, d Decision, now time.Time) (Res
 		}
 	})
 	return Result{}, nil
+}
+
+// WantedUnderOtherNames returns the keys that want the volume of a, gone
+// from its node, under another of its names (another spelling of the same
+// disk): a single-node attach elsewhere may have waited for it.
+func (r *Reconciler) WantedUnderOtherNames(a cache.Attachment) []cache.Key {
+	if a.Spec == nil {
+		return nil
+	}
+	var keys []cache.Key
+	for _, name := range a.Spec.OtherNames(a.Volume) {
+		keys = append(keys, r.desired.KeysFor(name)...)
+	}
+	return keys
 }
 
 // markDetachWanted starts the max wait for unmount the first time a volume

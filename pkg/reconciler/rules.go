@@ -17,7 +17,7 @@ func singleNodeAccessConflict(spec *volume.Spec, node string, actual *cache.Actu
 	if !spec.SingleNode {
 		return nil
 	}
-	return actual.AttachedElsewhere(spec.AllNames(), node)
+	return actual.AttachedElsewhere(append(spec.AllNames(), spec.DiskName()), node)
 }
 
 // safeToDetach enforces "never detach a volume mounted on a healthy node",

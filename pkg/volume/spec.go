@@ -6,6 +6,8 @@
 package volume
 
 import (
+	"slices"
+
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -67,4 +69,27 @@ type Spec struct {
 // AllNames returns Name followed by Aliases.
 func (s *Spec) AllNames() []Name {
 	return append([]Name{s.Name}, s.Aliases...)
+}
+
+// DiskName names the volume itself, whatever name it is attached under and
+// however its source spells it: the CSI name of a CSI or migratable
+// volume (its in-tree names differ with the spelling of its ID), else its
+// one name.
+func (s *Spec) DiskName() Name {
+	if s.Driver != "" && s.VolumeHandle != "" {
+		return CSIName(s.Driver, s.VolumeHandle)
+	}
+	return s.Name
+}
+
+// OtherNames returns the names of the volume other than name: its names on
+// other nodes and under other spellings (AllNames and DiskName).
+func (s *Spec) OtherNames(name Name) []Name {
+	var out []Name
+	for _, n := range append(s.AllNames(), s.DiskName()) {
+		if n != name && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }

@@ -1,0 +1,178 @@
+package controller
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
+	toolscache "k8s.io/client-go/tools/cache"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+// The API as it is: objects deleted by someone else and created again
+// under the same name, relists that deliver tombstones, answers of the
+// controller's own writes that are the first to show a change, calls that
+// fail. Each test fails without the rule it names.
+
+var vaResource = storagev1.SchemeGroupVersion.WithResource("volumeattachments")
+
+// A single-node volume's VolumeAttachment, failing on node-1 while a pod on
+// node-2 waits, is deleted by someone else; node-1's key creates it again
+// before the deletion is synced, and the lister has not shown the new
+// object yet. The UID on record named the object deleted: the deletion's
+// sync must not take the new one for gone, or node-2 attaches the volume
+// too.
+func TestVolumeAttachmentCreatedAgainIsNotTakenForGone(t *testing.T) {
+	name := volume.AttachmentName("h1", driver, "node-1")
+	objs := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), pod("pod-a", "node-1", "claim-a"),
+		pod("pod-b", "node-2", "claim-a"), node("node-1"), node("node-2")}
+	f := newFixture(t, append(objs, va("claim-a", "h1", "node-1", attachError("disk busy")))...)
+	f.syncFirst("node-1", []string{"h1"}, "default/pod-a")
+	must(t, f.c.syncNode(f.ctx, "node-2"))
+	must(t, f.c.syncPod(f.ctx, "default/pod-b"))
+	f.drain()
+	f.reset()
+
+	must(t, f.client.Tracker().Delete(vaResource, "", name))
+	f.load(objs...)
+	k1 := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	must(t, f.c.syncVolume(f.ctx, k1))
+	if w := f.writes(); !slices.Contains(w, "create volumeattachments "+name) {
+		t.Fatalf("writes %v: node-1's VolumeAttachment not created again", w)
+	}
+	must(t, f.c.syncAttachment(f.ctx, name))
+	// node-2's worker takes its key before node-1's.
+	must(t, f.c.syncVolume(f.ctx, cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-2"}))
+	f.drain()
+	other := volume.AttachmentName("h1", driver, "node-2")
+	if w := f.writes(); slices.Contains(w, "create volumeattachments "+other) {
+		t.Errorf("writes %v: the ReadWriteOnce volume was attached to node-2 while node-1's attach is under way", w)
+	}
+	if _, ok := f.c.actual.Get(k1); !ok {
+		t.Error("node-1's attach under way is no longer on record")
+	}
+}
+
+// A relist finds a node gone: its tombstone holds the informer's last
+// copy, from before kubelet mounted the volume of a pod deleted meanwhile.
+// What the node had mounted is unknown: the volume waits the max wait for
+// unmount, not detached at once.
+func TestNodeGoneInARelistMayHaveAnythingMounted(t *testing.T) {
+	stale := node("node-1")
+	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), va("claim-a", "h1", "node-1")}
+	f := newFixture(t, append(vol, stale, pod("pod-a", "node-1", "claim-a"))...)
+	f.syncFirst("node-1", []string{"h1"}, "default/pod-a")
+	f.drain()
+	f.reset()
+
+	f.load(vol...)
+	f.c.nodeDeleted(toolscache.DeletedFinalStateUnknown{Key: "node-1", Obj: stale})
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	must(t, f.c.syncPod(f.ctx, "default/pod-a"))
+	f.drain()
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	for _, w := range f.writes() {
+		if w == "delete volumeattachments "+volume.AttachmentName("h1", driver, "node-1") {
+			t.Fatalf("detached at once a volume the node may still have mounted: %v", f.writes())
+		}
+	}
+	if d := f.c.reconciler.Decide(k, f.clock.Now()); d.Action != reconciler.Wait || d.After <= 0 {
+		t.Errorf("decision %v, want a wait for the max wait for unmount", d)
+	}
+	// The max wait passes: the volume is detached.
+	f.clock.Step(7 * time.Minute)
+	f.volumes.Add(k)
+	f.drain()
+	if w := f.writes(); !slices.Contains(w, "delete volumeattachments "+volume.AttachmentName("h1", driver, "node-1")) {
+		t.Errorf("writes %v: not detached after the max wait", w)
+	}
+}
+
+// The node's managed annotation is removed and put back by someone else;
+// the answers of the controller's own status writes are the first to show
+// each state, and the informer, which relisted, shows neither change. The
+// node's pods marked unread meanwhile are read again: a volume no pod
+// wants any more is detached, instead of waiting forever for a read that
+// nothing queued.
+func TestManagementSeenFirstInStatusAnswersLeavesNoPodUnread(t *testing.T) {
+	vols := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), va("claim-a", "h1", "node-1"),
+		csiPV("claim-b", "h2"), claim("claim-b"), va("claim-b", "h2", "node-1")}
+	podA := pod("pod-a", "node-1", "claim-a")
+	f := newFixture(t, append(vols, podA, pod("pod-b", "node-1", "claim-b"), node("node-1", inUse(csiName("h1"), csiName("h2"))))...)
+	f.syncFirst("node-1", []string{"h1", "h2"}, "default/pod-a", "default/pod-b")
+	f.drain()
+	f.reset()
+
+	written := func(rv string, opts ...nodeOpt) {
+		n := node("node-1", append(opts, resourceVersion(rv), inUse(csiName("h1"), csiName("h2")))...)
+		f.c.actual.SetNode("node-1", f.c.writtenNodeInfo(n))
+	}
+	written("20", unmanaged)
+	written("30")
+	f.load(append(vols, podA, node("node-1", resourceVersion("30"), inUse(csiName("h1"), csiName("h2"))))...)
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	must(t, f.c.syncPod(f.ctx, "default/pod-b")) // deleted
+	for f.c.Process(f.ctx, QueuePods) {
+	}
+	// kubelet unmounts pod-b's volume.
+	f.load(append(vols, podA, node("node-1", resourceVersion("40"), inUse(csiName("h1"))))...)
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	for f.c.Process(f.ctx, QueuePods) {
+	}
+	f.drain()
+	if w := f.writes(); !slices.Contains(w, "delete volumeattachments "+volume.AttachmentName("h2", driver, "node-1")) {
+		k := cache.Key{Volume: volume.CSIName(driver, "h2"), Node: "node-1"}
+		t.Errorf("writes %v: pod-b's volume not detached: %v", w, f.c.reconciler.Decide(k, f.clock.Now()))
+	}
+	f.checkNotUnwanted(cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}, "while pod-a runs")
+}
+
+// A forced detach from a NotReady node fails; the node comes back Ready,
+// the volume still mounted. The retry is decided again: nothing is deleted
+// while kubelet has the volume mounted, and the detach finishes once it
+// unmounts.
+func TestFailedForcedDetachIsDecidedAgain(t *testing.T) {
+	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), va("claim-a", "h1", "node-1")}
+	name := volume.AttachmentName("h1", driver, "node-1")
+	f := newFixture(t, append(vol, node("node-1", notReady, inUse(csiName("h1"))))...)
+	fail, deletes := true, 0
+	f.client.PrependReactor("delete", "volumeattachments", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if fail {
+			return true, nil, errors.New("etcd unavailable")
+		}
+		deletes++
+		return false, nil, nil
+	})
+	f.syncFirst("node-1", []string{"h1"})
+	f.drain()
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	f.clock.Step(7 * time.Minute)
+	f.volumes.Add(k)
+	f.drain()
+	if a, _ := f.c.actual.Get(k); a.DetachStarted.IsZero() || !slices.Contains(f.writes(), "delete volumeattachments "+name) {
+		t.Fatalf("forced detach not tried: %+v, writes %v", a, f.writes())
+	}
+
+	fail = false
+	f.load(append(vol, node("node-1", resourceVersion("20"), inUse(csiName("h1"))))...)
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	f.volumes.Add(k) // the retry
+	f.drain()
+	if deletes != 0 {
+		t.Fatalf("deleted the VolumeAttachment of a volume mounted on a Ready node: %v", f.c.reconciler.Decide(k, f.clock.Now()))
+	}
+
+	f.load(append(vol, node("node-1", resourceVersion("30")))...)
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	f.drain()
+	if deletes != 1 {
+		t.Errorf("%d deletes once kubelet unmounted, want 1: %v", deletes, f.c.reconciler.Decide(k, f.clock.Now()))
+	}
+}
