@@ -276,12 +276,36 @@ func findBinary(dir, name string) (string, error) {
 // ready: what clients see of an apiserver upgrade or crash. etcd keeps
 // running, so every object stays.
 func (c *Cluster) RestartAPIServer(ctx context.Context, down time.Duration) error {
+	return c.restartAPIServer(ctx, down, nil)
+}
+
+// RestartAPIServerCompacted is RestartAPIServer with etcd compacted while
+// kube-apiserver is down (CompactEtcd): every client resumes its watches
+// from a resourceVersion too old to serve, gets 410 Gone and lists again,
+// and what was deleted meanwhile reaches an informer as a tombstone. It
+// returns the revision compacted at.
+func (c *Cluster) RestartAPIServerCompacted(ctx context.Context, down time.Duration) (int64, error) {
+	var rev int64
+	err := c.restartAPIServer(ctx, down, func(ctx context.Context) error {
+		var err error
+		rev, err = c.CompactEtcd(ctx)
+		return err
+	})
+	return rev, err
+}
+
+func (c *Cluster) restartAPIServer(ctx context.Context, down time.Duration, whileDown func(context.Context) error) error {
 	old := c.apiserver
 	if old == nil {
 		return errors.New("no kube-apiserver to restart")
 	}
 	if err := old.stop(); err != nil {
 		c.logger.V(1).Info("Kube-apiserver stopped with an error", "err", err)
+	}
+	var downErr error
+	if whileDown != nil {
+		// Started again all the same: the cluster stays usable.
+		downErr = whileDown(ctx)
 	}
 	select {
 	case <-ctx.Done():
@@ -296,7 +320,7 @@ func (c *Cluster) RestartAPIServer(ctx context.Context, down time.Duration) erro
 		}
 		if last = waitForReadyz(ctx, p, c.Config); last == nil {
 			c.apiserver = p
-			return nil
+			return downErr
 		}
 		// The port of the old process may not be free yet.
 		_ = p.stop()
