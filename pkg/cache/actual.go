@@ -77,6 +77,8 @@ type NodeInfo struct {
 	Ready bool
 	// OutOfService: the node carries the node.kubernetes.io/out-of-service taint.
 	OutOfService bool
+	// Zone is the node's topology.kubernetes.io/zone label ("" without one).
+	Zone string
 	// InUse is node.status.volumesInUse: the volumes the node has mounted.
 	InUse map[volume.Name]bool
 	// ResourceVersion and UID are the Node object's these facts come from.
@@ -121,6 +123,8 @@ type ActualState struct {
 	// handingOver: the controller is stopping gracefully (handoff.go); no
 	// detach starts any more.
 	handingOver bool
+	// zones counts the managed nodes of each zone (zones.go).
+	zones map[string]*zoneEntry
 }
 
 type nodeEntry struct {
@@ -158,6 +162,7 @@ func NewActualState() *ActualState {
 		byState:          map[State]int{},
 		unconfirmed:      map[Key]*Attachment{},
 		attachCalls:      map[string]int{},
+		zones:            map[string]*zoneEntry{},
 	}
 }
 
@@ -323,6 +328,9 @@ func (a *ActualState) SetNode(name string, info NodeInfo) []Key {
 		return nil
 	}
 	n.info = info
+	a.countZoneLocked(old, -1)
+	a.countZoneLocked(info, 1)
+	a.forgetDeletedLocked(name)
 	all := old.Exists != info.Exists || old.Managed != info.Managed || old.Ready != info.Ready ||
 		old.OutOfService != info.OutOfService
 	var keys []Key
@@ -358,12 +366,19 @@ func older(a, b string) bool {
 // holds the informer's last copy, which may predate mounts the watch
 // missed), nothing is known of what it had mounted: everything attached
 // there may be.
-func (a *ActualState) DeleteNode(name string, final bool) []Key {
+//
+// A managed node deleted at at counts, in its zone, as a node not Ready for
+// a while (ZoneHealth).
+func (a *ActualState) DeleteNode(name string, final bool, at time.Time) []Key {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n, ok := a.nodes[name]
 	if !ok || !n.info.Exists {
 		return nil
+	}
+	a.countZoneLocked(n.info, -1)
+	if n.info.Managed {
+		a.recordDeletedLocked(n.info.Zone, name, at)
 	}
 	if !final {
 		n.info.Seen, n.info.InUse = false, nil
@@ -395,7 +410,8 @@ func (a *ActualState) NodeGone(name string) []Key {
 	if !ok || !n.info.Exists || n.info.UID != n.writeUID {
 		return nil
 	}
-	n.info = NodeInfo{Managed: n.info.Managed}
+	a.countZoneLocked(n.info, -1)
+	n.info = NodeInfo{Managed: n.info.Managed, Zone: n.info.Zone}
 	keys := make([]Key, 0, len(n.attachments))
 	for v := range n.attachments {
 		keys = append(keys, Key{Volume: v, Node: name})

@@ -222,9 +222,9 @@ func TestActualStateDeleteNode(t *testing.T) {
 			if tt.seen {
 				a.SetNode("n1", info)
 			}
-			got := a.DeleteNode("n1", true)
+			got := a.DeleteNode("n1", true, time.Time{})
 			if tt.deleteTwice {
-				got = a.DeleteNode("n1", true)
+				got = a.DeleteNode("n1", true, time.Time{})
 			}
 			if !sameKeys(got, tt.want) {
 				t.Errorf("DeleteNode touched %v, want %v", got, tt.want)
@@ -244,7 +244,7 @@ func TestActualStateDeletedNodeForgottenWithItsLastAttachment(t *testing.T) {
 	a := NewActualState()
 	a.Update(k(volA, "n1"), true, set(Attachment{State: Attached}))
 	a.SetNode("n1", NodeInfo{Managed: true, Ready: true})
-	a.DeleteNode("n1", true)
+	a.DeleteNode("n1", true, time.Time{})
 	if _, ok := a.Node("n1"); !ok {
 		t.Fatalf("node with an attachment forgotten on delete")
 	}

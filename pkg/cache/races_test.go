@@ -91,7 +91,7 @@ func TestNodeGoneMountsUnknownUntilItsLastStateIsRead(t *testing.T) {
 	// The deleted object's last state, then the delete: what it had
 	// mounted then.
 	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, InUse: map[volume.Name]bool{volA: true}})
-	a.DeleteNode("n1", true)
+	a.DeleteNode("n1", true, time.Time{})
 	if n, _ := a.Node("n1"); n.Exists || !n.Seen || !n.Mounted(volA) {
 		t.Errorf("deleted node %+v: want its last in-use list", n)
 	}
@@ -197,7 +197,7 @@ func TestDeletedNodeWithoutItsFinalStateMayHaveAnythingMounted(t *testing.T) {
 		a := NewActualState()
 		a.SetNode("n1", NodeInfo{Managed: true, Ready: true, InUse: map[volume.Name]bool{}})
 		a.Update(k(volA, "n1"), true, func(at *Attachment) { at.State = Attached })
-		if keys := a.DeleteNode("n1", final); len(keys) != 1 {
+		if keys := a.DeleteNode("n1", final, time.Time{}); len(keys) != 1 {
 			t.Errorf("final=%v: DeleteNode touched %v, want the attachment", final, keys)
 		}
 		n, _ := a.Node("n1")

@@ -226,6 +226,8 @@ type Controller struct {
 	// nodeManaged is whether each node was managed when its sync last read
 	// it; no entry for a node not read yet or gone.
 	nodeManaged map[string]bool
+	// zoneDisrupted holds the zones last seen disrupted (zones.go).
+	zoneDisrupted map[string]bool
 	// observing counts the items being processed of the queues that carry
 	// the world into the actual state and node status (nodes,
 	// VolumeAttachments, node status): a handoff is done only when they
@@ -258,6 +260,8 @@ func New(cfg Config) (*Controller, error) {
 		problems:    map[string]map[string]string{},
 		goneNodes:   map[string]*v1.Node{},
 		nodeManaged: map[string]bool{},
+
+		zoneDisrupted: map[string]bool{},
 
 		claimPods:     newRefIndex(),
 		claimPVs:      newRefIndex(),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -18,6 +19,16 @@ const outOfServiceTaint = "node.kubernetes.io/out-of-service"
 // syncNode turns one Node into node facts: managed, Ready, out of service,
 // and the volumes it has mounted.
 func (c *Controller) syncNode(ctx context.Context, name string) error {
+	// Whatever this sync records, the zones the node was and is in are
+	// looked at again (zones.go).
+	if was, ok := c.actual.Node(name); ok {
+		defer c.checkZone(ctx, was.Zone, name)
+	}
+	defer func() {
+		if is, ok := c.actual.Node(name); ok {
+			c.checkZone(ctx, is.Zone, name)
+		}
+	}()
 	node, err := c.nodes.Get(name)
 	if err == nil && c.actual.Stale(name, node.ResourceVersion) {
 		// Older than the answer of the controller's own status write: the
@@ -50,7 +61,12 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 		}
 		// Without its last state (a relist found it gone), what it had
 		// mounted is unknown.
-		c.touch(c.actual.DeleteNode(name, last != nil)...)
+		c.touch(c.actual.DeleteNode(name, last != nil, c.clock.Now())...)
+		// It stops counting in its zone's health after the max wait: its
+		// sync then looks at the zone again.
+		if wait := c.cfg.Reconciler.DeletedNodeWait(); wait > 0 {
+			c.nodeQueue.AddAfter(name, wait+time.Second)
+		}
 		if !c.podsReadLater {
 			c.enqueueNodePods(name)
 		}
@@ -157,6 +173,7 @@ func (c *Controller) podsOn(node string) []*v1.Pod {
 func NodeInfo(node *v1.Node) cache.NodeInfo {
 	info := cache.NodeInfo{Exists: true, ResourceVersion: node.ResourceVersion, UID: string(node.UID), InUse: map[volume.Name]bool{}}
 	info.Managed = managed(node)
+	info.Zone = node.Labels[v1.LabelTopologyZone]
 	for _, c := range node.Status.Conditions {
 		if c.Type == v1.NodeReady {
 			info.Ready = c.Status == v1.ConditionTrue

@@ -30,6 +30,11 @@ type Metrics struct {
 	MechanismDecisions *prometheus.CounterVec
 	// AttachErrors counts failed attach attempts by plugin.
 	AttachErrors *prometheus.CounterVec
+	// DisruptedZones is the number of zones whose forced detaches by
+	// timeout are held, ForcedDetachesHeld the number of volumes whose
+	// forced detach is due and held.
+	DisruptedZones     prometheus.Gauge
+	ForcedDetachesHeld prometheus.Gauge
 }
 
 // New returns the controller's metrics, unregistered.
@@ -53,12 +58,21 @@ func New() *Metrics {
 			Name: "attachdetach_controller_attach_errors_total",
 			Help: "Failed attach attempts, by plugin",
 		}, []string{"plugin_name"}),
+		DisruptedZones: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "attachdetach_controller_disrupted_zones",
+			Help: "Zones in which so many managed nodes are not ready that forced detaches by timeout are held",
+		}),
+		ForcedDetachesHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "attachdetach_controller_forced_detaches_held",
+			Help: "Volumes whose forced detach by timeout is due and held because their node's zone is disrupted",
+		}),
 	}
 }
 
 // Register adds the metrics to reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.OperationDuration, m.ForcedDetaches, m.MechanismDecisions, m.AttachErrors} {
+	for _, c := range []prometheus.Collector{m.OperationDuration, m.ForcedDetaches, m.MechanismDecisions, m.AttachErrors,
+		m.DisruptedZones, m.ForcedDetachesHeld} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -55,6 +55,9 @@ type Decision struct {
 	HasAttachment bool
 	// Elsewhere lists the other nodes holding a single-node volume.
 	Elsewhere []cache.Key
+	// HeldIn, with Wait: the forced detach by timeout is held while this
+	// zone is disrupted (ZoneDisrupted).
+	HeldIn *cache.ZoneHealth
 	// Unread, with Wait: the volume is not known to be unwanted yet, pods
 	// remain to be read after a restart, or again on a node they were read
 	// on while it was unmanaged or missing (DesiredState.PartialOn).
@@ -90,12 +93,12 @@ func (r *Reconciler) Decide(k cache.Key, now time.Time) Decision {
 		if wanted.IsZero() {
 			wanted = now
 		}
-		force, wait, reason := safeToDetach(k, node, wanted, now, r.cfg)
-		if reason != "" {
-			d.After = wait
-			return d.with(Wait, "a detach from node %s started and did not finish; %s", k.Node, reason)
+		v := safeToDetach(k, node, wanted, now, r.cfg, r.zone(node, now))
+		if v.Wait != "" {
+			d.After, d.HeldIn = v.After, v.HeldIn
+			return d.with(Wait, "a detach from node %s started and did not finish; %s", k.Node, v.Wait)
 		}
-		d.Force = force
+		d.Force = v.Force
 		return d.with(Detach, "finishing the detach from node %s that started", k.Node)
 	}
 	if d.HasAttachment && d.Attachment.State == cache.Detaching && d.Attachment.Kind == volume.KindCSI &&
@@ -176,12 +179,12 @@ func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time
 	if wanted.IsZero() {
 		wanted = now
 	}
-	force, wait, reason := safeToDetach(k, node, wanted, now, r.cfg)
-	if reason != "" {
-		d.After = wait
-		return d.with(Wait, "%s", reason)
+	v := safeToDetach(k, node, wanted, now, r.cfg, r.zone(node, now))
+	if v.Wait != "" {
+		d.After, d.HeldIn = v.After, v.HeldIn
+		return d.with(Wait, "%s", v.Wait)
 	}
-	d.Force = force
+	d.Force = v.Force
 	if !d.Attachment.Withdrawn {
 		// Every detach is withdrawn first, listed or not: the end of a
 		// node status write then re-queues it, whatever that write was.
@@ -205,4 +208,10 @@ func nodesOf(keys []cache.Key) string {
 		names = append(names, k.Node)
 	}
 	return strings.Join(names, ", ")
+}
+
+// zone returns the health of node's zone, asked for only when a forced
+// detach by timeout is due.
+func (r *Reconciler) zone(node cache.NodeInfo, now time.Time) func() cache.ZoneHealth {
+	return func() cache.ZoneHealth { return r.actual.ZoneHealth(node.Zone, now, r.cfg.DeletedNodeWait()) }
 }

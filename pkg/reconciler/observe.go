@@ -38,6 +38,7 @@ func (r *Reconciler) Observe(k cache.Key, now, since time.Time) Observation {
 		if d.HasAttachment && !d.Attachment.DetachWanted.IsZero() {
 			r.actual.Update(k, false, func(a *cache.Attachment) { a.DetachWanted = time.Time{} })
 		}
+		r.noteHeld(k, false)
 		return o
 	}
 	if d.HasAttachment {
@@ -55,6 +56,8 @@ func (r *Reconciler) Observe(k cache.Key, now, since time.Time) Observation {
 		since = now
 	}
 	node, _ := r.actual.Node(k.Node)
-	_, o.WaitAfter, o.Wait = safeToDetach(k, node, since, now, r.cfg)
+	v := safeToDetach(k, node, since, now, r.cfg, r.zone(node, now))
+	o.WaitAfter, o.Wait, o.HeldIn = v.After, v.Wait, v.HeldIn
+	r.noteHeld(k, v.HeldIn != nil)
 	return o
 }

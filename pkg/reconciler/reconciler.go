@@ -80,6 +80,11 @@ type Config struct {
 	// DisableForceDetachOnTimeout keeps mounted volumes of unhealthy nodes
 	// attached however long it takes (the out-of-service taint still works).
 	DisableForceDetachOnTimeout bool
+	// UnhealthyZoneThreshold and UnhealthyZoneMinNodes say when a zone is
+	// disrupted (ZoneDisrupted): its forced detaches by timeout are then
+	// held. A threshold of 0 turns the guard off.
+	UnhealthyZoneThreshold float64
+	UnhealthyZoneMinNodes  int
 	// Clock tells the time; nil: the real clock.
 	Clock clock.PassiveClock
 }
@@ -115,6 +120,11 @@ type Reconciler struct {
 	told map[cache.Key]map[string]string
 
 	locks volumeLocks
+
+	// held lists the keys whose forced detach is held by a disrupted zone
+	// (the gauge ForcedDetachesHeld); heldCount spares the others the lock.
+	held      map[cache.Key]bool
+	heldCount atomic.Int64
 
 	// handingOver: the controller is stopping gracefully; no operation
 	// starts (HandOver).
@@ -177,7 +187,28 @@ func New(desired *cache.DesiredState, actual *cache.ActualState, mechanisms map[
 		cfg:        cfg,
 		now:        now,
 		told:       map[cache.Key]map[string]string{},
+		held:       map[cache.Key]bool{},
 	}
+}
+
+// noteHeld records whether the forced detach at k is held by a disrupted
+// zone, as its last decision says.
+func (r *Reconciler) noteHeld(k cache.Key, held bool) {
+	if !held && r.heldCount.Load() == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if held == r.held[k] {
+		return
+	}
+	if held {
+		r.held[k] = true
+	} else {
+		delete(r.held, k)
+	}
+	r.heldCount.Store(int64(len(r.held)))
+	r.metrics.ForcedDetachesHeld.Set(float64(len(r.held)))
 }
 
 // Sync reconciles one volume on one node.
@@ -214,6 +245,7 @@ func (r *Reconciler) Sync(ctx context.Context, k cache.Key) (res Result, err err
 			continue
 		}
 		logger.V(4).Info("Decided", "action", d.Action, "reason", d.Reason)
+		r.noteHeld(k, d.HeldIn != nil)
 		return r.act(ctx, d, now, true)
 	}
 }

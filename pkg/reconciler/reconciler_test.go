@@ -815,7 +815,7 @@ func TestSync(t *testing.T) {
 				e.actual.Update(a.Key, true, func(at *cache.Attachment) { *at = a })
 			}
 			for _, name := range tt.deleted {
-				e.actual.DeleteNode(name, true)
+				e.actual.DeleteNode(name, true, time.Time{})
 			}
 			for _, w := range tt.pods {
 				e.desired.SetPod(w.pod, w.node, w.specs)

@@ -20,6 +20,17 @@ func singleNodeAccessConflict(spec *volume.Spec, node string, actual *cache.Actu
 	return actual.AttachedElsewhere(append(spec.AllNames(), spec.DiskName()), node)
 }
 
+// verdict is safeToDetach's answer: the force reason when a mounted volume
+// may be detached, or a reason to wait (Wait), with the time after which to
+// look again (After; zero: wait for a change of the node) and, when a
+// forced detach by timeout is held, the zone that holds it.
+type verdict struct {
+	Force  string
+	After  time.Duration
+	Wait   string
+	HeldIn *cache.ZoneHealth
+}
+
 // safeToDetach enforces "never detach a volume mounted on a healthy node",
 // with its two exceptions: the node.kubernetes.io/out-of-service taint (at
 // once), and an unhealthy node (not Ready, or deleted) once the max wait for
@@ -33,26 +44,73 @@ func singleNodeAccessConflict(spec *volume.Spec, node string, actual *cache.Actu
 // It returns the force reason when a mounted volume may be detached, or a
 // non-empty reason to wait, with the time after which to look again (zero:
 // wait for a change of the node).
-func safeToDetach(k cache.Key, node cache.NodeInfo, wanted, now time.Time, cfg Config) (force string, after time.Duration, wait string) {
+//
+// A forced detach by timeout is held while the node's zone is disrupted
+// (ZoneDisrupted; zone is asked only then): the wait then ends with the
+// zone's next expiring deletion, or with a change of its nodes.
+func safeToDetach(k cache.Key, node cache.NodeInfo, wanted, now time.Time, cfg Config, zone func() cache.ZoneHealth) verdict {
 	if !node.Mounted(k.Volume) {
-		return "", 0, ""
+		return verdict{}
 	}
 	if node.OutOfService {
-		return ForceOutOfService, 0, ""
+		return verdict{Force: ForceOutOfService}
 	}
 	if node.Healthy() {
-		return "", 0, fmt.Sprintf("still mounted on node %s (in node.status.volumesInUse); waiting for kubelet to unmount it", k.Node)
+		return verdict{Wait: fmt.Sprintf("still mounted on node %s (in node.status.volumesInUse); waiting for kubelet to unmount it", k.Node)}
 	}
 	if cfg.DisableForceDetachOnTimeout {
-		return "", 0, fmt.Sprintf("still mounted on unhealthy node %s and forced detach on timeout is disabled", k.Node)
+		return verdict{Wait: fmt.Sprintf("still mounted on unhealthy node %s and forced detach on timeout is disabled", k.Node)}
 	}
 	maxWait := cfg.MaxWaitForUnmount
-	if !node.Exists && cfg.MaxWaitForUnmountDeletedNode != nil {
-		maxWait = *cfg.MaxWaitForUnmountDeletedNode
+	if !node.Exists {
+		maxWait = cfg.DeletedNodeWait()
 	}
 	if elapsed := now.Sub(wanted); elapsed < maxWait {
 		left := maxWait - elapsed
-		return "", left, fmt.Sprintf("still mounted on unhealthy node %s; forced detach in %s unless it is unmounted", k.Node, left.Round(time.Second))
+		return verdict{After: left, Wait: fmt.Sprintf("still mounted on unhealthy node %s; forced detach in %s unless it is unmounted", k.Node, left.Round(time.Second))}
 	}
-	return ForceTimeout, 0, ""
+	if z := zone(); ZoneDisrupted(z, cfg) {
+		var left time.Duration
+		if !z.Expires.IsZero() {
+			left = z.Expires.Sub(now)
+		}
+		return verdict{After: left, Wait: fmt.Sprintf("still mounted on unhealthy node %s; forced detach held: %s", k.Node, DescribeZone(z, cfg)), HeldIn: &z}
+	}
+	return verdict{Force: ForceTimeout}
+}
+
+// ZoneDisrupted enforces "a partition is not a mass death": when many
+// managed nodes of one zone are not Ready (or were deleted within the max
+// wait for unmount) at once, they are more likely cut off than dead, and
+// their pods may still write. A zone is disrupted while at least
+// UnhealthyZoneMinNodes of its nodes, and at least UnhealthyZoneThreshold of
+// them, are unhealthy; the guard is off when the threshold is 0. Nodes
+// without a zone label form one zone.
+func ZoneDisrupted(z cache.ZoneHealth, cfg Config) bool {
+	return cfg.UnhealthyZoneThreshold > 0 && z.Nodes > 0 && z.Unhealthy >= cfg.UnhealthyZoneMinNodes &&
+		float64(z.Unhealthy) >= cfg.UnhealthyZoneThreshold*float64(z.Nodes)
+}
+
+// DescribeZone says how disrupted a zone is, in the words of events, logs
+// and /explain.
+func DescribeZone(z cache.ZoneHealth, cfg Config) string {
+	name := fmt.Sprintf("zone %q", z.Zone)
+	if z.Zone == "" {
+		name = "the nodes without a zone"
+	}
+	state := "disrupted"
+	if !ZoneDisrupted(z, cfg) {
+		state = "not disrupted"
+	}
+	return fmt.Sprintf("%s is %s: %d of %d nodes not ready, threshold %d%%", name, state, z.Unhealthy, z.Nodes,
+		int(cfg.UnhealthyZoneThreshold*100+0.5))
+}
+
+// DeletedNodeWait is the max wait for unmount on a deleted node, also how
+// long a deleted node counts as unhealthy in its zone.
+func (c Config) DeletedNodeWait() time.Duration {
+	if c.MaxWaitForUnmountDeletedNode != nil {
+		return *c.MaxWaitForUnmountDeletedNode
+	}
+	return c.MaxWaitForUnmount
 }

@@ -81,7 +81,8 @@ func TestSafeToDetach(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			force, after, wait := safeToDetach(k, tt.node, t0, t0.Add(tt.elapsed), tt.cfg)
+			v := safeToDetach(k, tt.node, t0, t0.Add(tt.elapsed), tt.cfg, noZone)
+			force, after, wait := v.Force, v.After, v.Wait
 			if force != tt.wantForce || after != tt.wantAfter || wait != tt.wantWait {
 				t.Errorf("safeToDetach = %q, %v, %q; want %q, %v, %q", force, after, wait, tt.wantForce, tt.wantAfter, tt.wantWait)
 			}
@@ -126,7 +127,8 @@ func TestSafeToDetachDeletedNode(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			force, after, wait := safeToDetach(k, tt.node, t0, t0.Add(tt.elapsed), tt.cfg)
+			v := safeToDetach(k, tt.node, t0, t0.Add(tt.elapsed), tt.cfg, noZone)
+			force, after, wait := v.Force, v.After, v.Wait
 			if force != tt.wantForce || after != tt.wantAfter || wait != tt.wantWait {
 				t.Errorf("safeToDetach = %q, %v, %q; want %q, %v, %q", force, after, wait, tt.wantForce, tt.wantAfter, tt.wantWait)
 			}
@@ -182,5 +184,72 @@ func TestSingleNodeAccessConflict(t *testing.T) {
 				t.Errorf("singleNodeAccessConflict = %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+func noZone() cache.ZoneHealth { return cache.ZoneHealth{} }
+
+func TestZoneDisrupted(t *testing.T) {
+	cfg := Config{UnhealthyZoneThreshold: 0.55, UnhealthyZoneMinNodes: 3}
+	for _, tc := range []struct {
+		unhealthy, nodes int
+		cfg              Config
+		want             bool
+	}{
+		{1, 10, cfg, false},
+		{5, 10, cfg, false},
+		{6, 10, cfg, true}, // 60% >= 55%
+		{8, 10, cfg, true},
+		{2, 2, cfg, false}, // fewer than the minimum: each handled alone
+		{1, 2, cfg, false},
+		{3, 3, cfg, true},
+		{8, 10, Config{UnhealthyZoneMinNodes: 3}, false}, // guard off
+		{1, 1, Config{UnhealthyZoneThreshold: 0.55, UnhealthyZoneMinNodes: 1}, true},
+		{0, 0, Config{UnhealthyZoneThreshold: 0.55}, false},
+	} {
+		z := cache.ZoneHealth{Zone: "a", Nodes: tc.nodes, Unhealthy: tc.unhealthy}
+		if got := ZoneDisrupted(z, tc.cfg); got != tc.want {
+			t.Errorf("%d of %d unhealthy, %+v: disrupted %v, want %v", tc.unhealthy, tc.nodes, tc.cfg, got, tc.want)
+		}
+	}
+}
+
+// A forced detach by timeout is held while the node's zone is disrupted;
+// the out-of-service taint and an unmount still act; the wait ends with the
+// zone's next expiring deletion.
+func TestSafeToDetachHeldByADisruptedZone(t *testing.T) {
+	k := key(specA, node1)
+	inUse := map[volume.Name]bool{specA.Name: true}
+	cfg := Config{MaxWaitForUnmount: 6 * time.Minute, UnhealthyZoneThreshold: 0.55, UnhealthyZoneMinNodes: 3}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := t0.Add(7 * time.Minute)
+	disrupted := func() cache.ZoneHealth {
+		return cache.ZoneHealth{Zone: "a", Nodes: 10, Unhealthy: 8, Expires: now.Add(time.Minute)}
+	}
+	healthy := func() cache.ZoneHealth { return cache.ZoneHealth{Zone: "a", Nodes: 10, Unhealthy: 1} }
+	notReady := cache.NodeInfo{Seen: true, Exists: true, Zone: "a", InUse: inUse}
+
+	v := safeToDetach(k, notReady, t0, now, cfg, disrupted)
+	want := `still mounted on unhealthy node node-1; forced detach held: zone "a" is disrupted: 8 of 10 nodes not ready, threshold 55%`
+	if v.Force != "" || v.Wait != want || v.After != time.Minute || v.HeldIn == nil {
+		t.Errorf("disrupted zone: %+v, want held: %q after 1m", v, want)
+	}
+	if v := safeToDetach(k, notReady, t0, now, cfg, healthy); v.Force != ForceTimeout {
+		t.Errorf("healthy zone: %+v, want a forced detach by timeout", v)
+	}
+	oos := notReady
+	oos.OutOfService = true
+	if v := safeToDetach(k, oos, t0, now, cfg, disrupted); v.Force != ForceOutOfService {
+		t.Errorf("out of service in a disrupted zone: %+v, want a forced detach at once", v)
+	}
+	unmounted := notReady
+	unmounted.InUse = nil
+	if v := safeToDetach(k, unmounted, t0, now, cfg, disrupted); v.Force != "" || v.Wait != "" {
+		t.Errorf("unmounted in a disrupted zone: %+v, want a detach", v)
+	}
+	asked := false
+	early := func() cache.ZoneHealth { asked = true; return disrupted() }
+	if v := safeToDetach(k, notReady, t0, t0.Add(time.Minute), cfg, early); v.HeldIn != nil || asked {
+		t.Errorf("before the max wait: %+v, zone asked %v; want the max wait, the zone not asked", v, asked)
 	}
 }

@@ -39,7 +39,13 @@ type Options struct {
 	DisableReconcileSync        bool
 	DisableForceDetachOnTimeout bool
 	MaxWaitForUnmount           time.Duration
-	Workers                     int
+	// UnhealthyZoneThreshold and UnhealthyZoneMinNodes say when a zone is
+	// disrupted and its forced detaches by timeout are held
+	// (reconciler.ZoneDisrupted), unless DisableZoneDisruptionGuard.
+	UnhealthyZoneThreshold     float64
+	UnhealthyZoneMinNodes      int
+	DisableZoneDisruptionGuard bool
+	Workers                    int
 	OtherWriterCheckPeriod      time.Duration
 	// HandoffTimeout bounds the handoff on SIGTERM (pkg/cache/handoff.go).
 	HandoffTimeout time.Duration
@@ -88,6 +94,8 @@ func NewOptions() *Options {
 		},
 		ReconcileSyncPeriod:    time.Minute,
 		MaxWaitForUnmount:      6 * time.Minute,
+		UnhealthyZoneThreshold: 0.55,
+		UnhealthyZoneMinNodes:  3,
 		Workers:                10,
 		OtherWriterCheckPeriod: time.Minute,
 		CSIMigration:           migration.PolicyPerNode,
@@ -119,6 +127,16 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"How long a volume still mounted on a node whose Node object was deleted is waited for before it is detached anyway (0: at once). "+
 			"Default: the value of --max-wait-for-unmount. Lower it only where a deleted Node object means the machine is gone: "+
 			"a volume of a live machine whose Node object someone deleted would be detached while in use.")
+	fs.Float64Var(&o.UnhealthyZoneThreshold, "unhealthy-zone-threshold", o.UnhealthyZoneThreshold,
+		"Share of a zone's managed nodes (by topology.kubernetes.io/zone; nodes without it form one zone) that must be not Ready, "+
+			"or deleted within the max wait for unmount, for the zone to count as disrupted (0 < x <= 1): the forced detaches by "+
+			"timeout of its nodes are then held, since so many nodes failing at once are more likely cut off (a partition) than dead. "+
+			"The out-of-service taint still forces a detach at once.")
+	fs.IntVar(&o.UnhealthyZoneMinNodes, "unhealthy-zone-min-nodes", o.UnhealthyZoneMinNodes,
+		"Least number of a zone's managed nodes that must be not Ready (or deleted within the max wait) for it to count as disrupted (at least 1): "+
+			"below it, a dead node is handled alone.")
+	fs.BoolVar(&o.DisableZoneDisruptionGuard, "disable-zone-disruption-guard", o.DisableZoneDisruptionGuard,
+		"Never hold forced detaches by timeout for a disrupted zone.")
 	fs.IntVar(&o.Workers, "workers", o.Workers, "Number of volume/node pairs reconciled at once (1-1000). Node statuses are written by one writer per 40 of --kube-api-qps (1 to 10), one patch per node carrying all its changes.")
 	fs.DurationVar(&o.OtherWriterCheckPeriod, "other-writer-check-period", o.OtherWriterCheckPeriod,
 		"Period of the report (metric, log line) of another attach/detach controller (kube-controller-manager's) writing VolumeAttachments or node.status.volumesAttached beside this one, as the informers see its writes (at least 1s; 0 disables the watch).")
@@ -155,6 +173,12 @@ func (o *Options) Validate(gate featuregate.FeatureGate) error {
 	}
 	if o.MaxWaitForUnmount <= 0 {
 		errs = append(errs, fmt.Errorf("--max-wait-for-unmount must be greater than 0, got %s", o.MaxWaitForUnmount))
+	}
+	if o.UnhealthyZoneThreshold <= 0 || o.UnhealthyZoneThreshold > 1 {
+		errs = append(errs, fmt.Errorf("--unhealthy-zone-threshold must be greater than 0 and at most 1, got %v", o.UnhealthyZoneThreshold))
+	}
+	if o.UnhealthyZoneMinNodes < 1 {
+		errs = append(errs, fmt.Errorf("--unhealthy-zone-min-nodes must be at least 1, got %d", o.UnhealthyZoneMinNodes))
 	}
 	if d := o.MaxWaitForUnmountDeletedNode; d != nil && *d < 0 {
 		errs = append(errs, fmt.Errorf("--max-wait-for-unmount-deleted-node must not be negative, got %s", *d))
@@ -227,3 +251,11 @@ func (o *optionalDuration) Set(s string) error {
 }
 
 func (o *optionalDuration) Type() string { return "duration" }
+
+// zoneThreshold is the reconciler's threshold: 0 turns the guard off.
+func (o *Options) zoneThreshold() float64 {
+	if o.DisableZoneDisruptionGuard {
+		return 0
+	}
+	return o.UnhealthyZoneThreshold
+}

@@ -105,3 +105,22 @@ func TestStatusWorkersFollowTheBudget(t *testing.T) {
 		}
 	}
 }
+
+func TestZoneDisruptionFlags(t *testing.T) {
+	tests := []flagTest{
+		{name: "defaults", check: func(o *Options) bool {
+			return o.UnhealthyZoneThreshold == 0.55 && o.UnhealthyZoneMinNodes == 3 && o.zoneThreshold() == 0.55
+		}},
+		{name: "set", args: []string{"--unhealthy-zone-threshold=0.7", "--unhealthy-zone-min-nodes=5"},
+			check: func(o *Options) bool { return o.zoneThreshold() == 0.7 && o.UnhealthyZoneMinNodes == 5 }},
+		{name: "off", args: []string{"--disable-zone-disruption-guard"},
+			check: func(o *Options) bool { return o.zoneThreshold() == 0 }},
+		{name: "threshold 0", args: []string{"--unhealthy-zone-threshold=0"},
+			wantErr: "--unhealthy-zone-threshold must be greater than 0 and at most 1, got 0"},
+		{name: "threshold above 1", args: []string{"--unhealthy-zone-threshold=1.5"},
+			wantErr: "--unhealthy-zone-threshold must be greater than 0 and at most 1, got 1.5"},
+		{name: "min nodes 0", args: []string{"--unhealthy-zone-min-nodes=0"},
+			wantErr: "--unhealthy-zone-min-nodes must be at least 1, got 0"},
+	}
+	runFlagTests(t, tests)
+}

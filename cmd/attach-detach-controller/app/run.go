@@ -269,6 +269,8 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 			MaxWaitForUnmount:            o.MaxWaitForUnmount,
 			MaxWaitForUnmountDeletedNode: o.MaxWaitForUnmountDeletedNode,
 			DisableForceDetachOnTimeout:  o.DisableForceDetachOnTimeout,
+			UnhealthyZoneThreshold:       o.zoneThreshold(),
+			UnhealthyZoneMinNodes:        o.UnhealthyZoneMinNodes,
 		},
 		InTree:        intree.Builtin(),
 		Observer:      observer,
