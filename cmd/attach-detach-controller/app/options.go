@@ -46,7 +46,7 @@ type Options struct {
 	UnhealthyZoneMinNodes      int
 	DisableZoneDisruptionGuard bool
 	Workers                    int
-	OtherWriterCheckPeriod      time.Duration
+	OtherWriterCheckPeriod     time.Duration
 	// HandoffTimeout bounds the handoff on SIGTERM (pkg/cache/handoff.go).
 	HandoffTimeout time.Duration
 	// CSIMigration is the CSI migration policy (migration.Policies).
