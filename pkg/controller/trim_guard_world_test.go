@@ -44,7 +44,7 @@ func served(m *metav1.ObjectMeta, manager string) {
 	}
 	m.Annotations["guard.example.com/note"] = "kept by nobody"
 	m.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: manager, Operation: metav1.ManagedFieldsOperationUpdate,
-		APIVersion: "v1", Time: &guardTime, FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{}}`)}}}
+		APIVersion: "v1", Time: &guardTime, FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{}}`)}}
 }
 
 func guardNode(name string, managed, ready bool, opts ...func(*v1.Node)) *v1.Node {
