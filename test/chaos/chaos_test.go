@@ -20,10 +20,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
-	watchtools "k8s.io/client-go/tools/watch"
 
 	"github.com/kube-attach/attach-detach-controller/test/e2e/stack"
 	"github.com/kube-attach/attach-detach-controller/test/framework"
@@ -47,7 +44,8 @@ const (
 	faultNone         = "churn only"
 )
 
-var faultKinds = []string{faultKillLeader, faultKillStandby, faultAPIServer, faultNotReady, faultOutOfService, faultCutOver, faultNone}
+var faultKinds = []string{faultKillLeader, faultKillStandby, faultAPIServer, faultNotReady, faultOutOfService, faultCutOver,
+	faultDeleteInUse, faultDeleteWaited, faultDeleteFailing, faultStatusEntry, faultCompacted, faultWatchesCut, faultNone}
 
 // kubeControllerManager returns the kube-controller-manager binary the
 // Makefile builds (make tools), or "".
@@ -71,15 +69,21 @@ func kubeControllerManager() string {
 // ReadWriteMany claims on several nodes, migrated in-tree EBS volumes, pods
 // deleted right after their volume attached) under faults (the leader or
 // the standby of two replicas killed, kube-apiserver restarted, nodes
-// NotReady or out-of-service), with every VolumeAttachment and Node the API
-// server records checked against I1-I3 and, after each fault, the cluster
-// converging within convergeTimeout (I4: every pod's volumes attached and
-// reported, nothing else attached).
+// NotReady or out-of-service, a cut-over to kube-controller-manager, third
+// parties deleting VolumeAttachments or editing volumesAttached, watches
+// that cannot resume and list again), with every VolumeAttachment and Node
+// the API server records checked against I1-I3 and, after each fault, the
+// cluster converging within convergeTimeout (I4: every pod's volumes
+// attached and reported, nothing else attached or reported).
+//
+// The kinds of fault come in shuffled cycles, so that a short run sees as
+// many kinds as it has rounds.
 //
 // CHAOS_DURATION (default 90s) is the length of the run; CHAOS_SEED replays
 // the schedule of churn and faults (timing still varies); CHAOS_FAULTS
 // (e.g. "cut-over,SIGKILL of the leader") limits the faults to the kinds
-// starting with those words.
+// starting with those words. The logs and the timeline are kept in
+// _output/chaos/<seed> when the run fails, or with CHAOS_KEEP_LOGS=1.
 func TestChaos(t *testing.T) {
 	duration := 90 * time.Second
 	if d := os.Getenv("CHAOS_DURATION"); d != "" {
@@ -111,22 +115,35 @@ func TestChaos(t *testing.T) {
 	}
 	h := newHarness(t, rand.New(rand.NewSource(seed)))
 	deadline := time.Now().Add(duration)
+	var cycle []string
 	for round := 1; time.Now().Before(deadline); round++ {
 		h.churn()
-		kind := kinds[h.rng.Intn(len(kinds))]
+		if len(cycle) == 0 {
+			for _, i := range h.rng.Perm(len(kinds)) {
+				cycle = append(cycle, kinds[i])
+			}
+		}
+		kind := cycle[0]
+		cycle = cycle[1:]
 		start := time.Now()
-		h.inject(kind)
+		mark := h.markRelists()
+		h.inject(kind, mark)
 		h.converge(kind, round, start)
+		h.countRelists(kind, mark)
 	}
 	h.stopControllers()
-	violations := h.checker.Violations()
-	h.summary(t, violations)
+	violations, unjudged := h.checker.Judge()
+	h.summary(t, violations, unjudged)
+	h.checkRelists()
 	if len(violations) > 0 {
 		for _, v := range violations {
 			t.Error(v)
 		}
 		t.Logf("logs of every process and the run's timeline kept in %s", h.keepLogs(seed))
 		t.Fatalf("%d violations; replay the schedule with CHAOS_SEED=%d", len(violations), seed)
+	}
+	if os.Getenv("CHAOS_KEEP_LOGS") != "" {
+		t.Logf("logs of every process and the run's timeline kept in %s", h.keepLogs(seed))
 	}
 }
 
@@ -148,6 +165,10 @@ type harness struct {
 	lease   string
 	volumes []chaosVolume
 	checker *Checker
+	// proxy carries the replicas' traffic to kube-apiserver; kubeconfig
+	// goes through it.
+	proxy      *apiProxy
+	kubeconfig string
 
 	mu          sync.Mutex
 	controllers []*stack.Controller
@@ -161,12 +182,15 @@ type harness struct {
 	actions       map[string]int
 	faults        map[string]int
 	convergeTimes map[string][]time.Duration
+	relistsCaused map[string]relistCount
 }
 
 func newHarness(t *testing.T, rng *rand.Rand) *harness {
 	suffix := strconv.Itoa(rng.Intn(1 << 20))
 	h := &harness{t: t, ctx: t.Context(), rng: rng, client: st.Cluster.Client, ns: "chaos-" + suffix, lease: "chaos-" + suffix,
-		checker: NewChecker(), actions: map[string]int{}, faults: map[string]int{}, convergeTimes: map[string][]time.Duration{}}
+		checker: NewChecker(), actions: map[string]int{}, faults: map[string]int{}, convergeTimes: map[string][]time.Duration{},
+		relistsCaused: map[string]relistCount{}}
+	h.proxy, h.kubeconfig = newAPIProxy(t, st.Cluster.Kubeconfig)
 	if _, err := framework.CreateNamespace(h.ctx, h.client, h.ns); err != nil {
 		t.Fatal(err)
 	}
@@ -230,82 +254,10 @@ func (h *harness) addEBSVolume(claim string) {
 // across kube-apiserver restarts from the last resourceVersion seen.
 func (h *harness) watch() { watchInto(h.t, h.client, h.checker, &h.relists) }
 
-func watchInto(t *testing.T, client kubernetes.Interface, checker *Checker, relists *atomic.Int64) {
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	// A watch the apiserver can no longer resume (410 Gone) is listed
-	// again; the apiserver runs without a watch cache, so that a restart
-	// does not make the last resourceVersion seen too old.
-	start := func(name string, list func(context.Context) (string, error), w cache.WatcherWithContext, record func(watch.Event)) {
-		rv, err := list(ctx)
-		if err != nil {
-			t.Fatalf("list %s: %v", name, err)
-		}
-		go func() {
-			for ctx.Err() == nil {
-				rw, err := watchtools.NewRetryWatcherWithContext(ctx, rv, w)
-				if err != nil {
-					t.Errorf("watch %s: %v", name, err)
-					return
-				}
-				for ev := range rw.ResultChan() {
-					if ev.Type == watch.Error {
-						t.Logf("watch %s: %v", name, apierrors.FromObject(ev.Object))
-						continue
-					}
-					record(ev)
-				}
-				rw.Stop()
-				for ctx.Err() == nil {
-					if rv, err = list(ctx); err == nil {
-						relists.Add(1)
-						break
-					}
-					time.Sleep(time.Second)
-				}
-			}
-		}()
-	}
-	vas := client.StorageV1().VolumeAttachments()
-	start("volumeattachments", func(ctx context.Context) (string, error) {
-		l, err := vas.List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return "", err
-		}
-		for i := range l.Items {
-			checker.Record(Event{Type: watch.Added, VA: &l.Items[i]})
-		}
-		return l.ResourceVersion, nil
-	}, &cache.ListWatch{WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-		return vas.Watch(ctx, o)
-	}}, func(ev watch.Event) {
-		if va, ok := ev.Object.(*storagev1.VolumeAttachment); ok {
-			checker.Record(Event{Type: ev.Type, VA: va})
-		}
-	})
-	nodesAPI := client.CoreV1().Nodes()
-	start("nodes", func(ctx context.Context) (string, error) {
-		l, err := nodesAPI.List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return "", err
-		}
-		for i := range l.Items {
-			checker.Record(Event{Type: watch.Added, Node: &l.Items[i]})
-		}
-		return l.ResourceVersion, nil
-	}, &cache.ListWatch{WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-		return nodesAPI.Watch(ctx, o)
-	}}, func(ev watch.Event) {
-		if n, ok := ev.Object.(*v1.Node); ok {
-			checker.Record(Event{Type: ev.Type, Node: n})
-		}
-	})
-}
-
 // startController starts one replica with leader election, as the
 // Deployment runs two.
 func (h *harness) startController() {
-	c, err := st.StartController(h.ctx, "--leader-elect=true", "--leader-elect-resource-name="+h.lease,
+	c, err := st.StartController(h.ctx, "--kubeconfig="+h.kubeconfig, "--leader-elect=true", "--leader-elect-resource-name="+h.lease,
 		"--leader-elect-resource-namespace=default",
 		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms")
 	if c != nil {
@@ -496,8 +448,9 @@ func (h *harness) waitAttached(v chaosVolume, pod string) {
 }
 
 // inject starts a fault of the given kind and ends it (a NotReady node
-// comes back, the taint is removed) before returning.
-func (h *harness) inject(kind string) {
+// comes back, the taint is removed, the informers forced to list again
+// have) before returning; m is what had been listed before.
+func (h *harness) inject(kind string, m relistMark) {
 	h.faults[kind]++
 	h.note("fault: %s", kind)
 	defer h.note("fault over: %s", kind)
@@ -544,6 +497,36 @@ func (h *harness) inject(kind string) {
 		h.setReady(n, true)
 	case faultCutOver:
 		h.cutOver()
+	case faultDeleteInUse:
+		h.deleteInUse()
+	case faultDeleteWaited, faultDeleteFailing:
+		h.multiAttach(kind == faultDeleteFailing)
+	case faultStatusEntry:
+		h.statusEntry()
+	case faultCompacted:
+		rev, err := st.Cluster.RestartAPIServerCompacted(h.ctx, time.Duration(1+h.rng.Intn(2))*time.Second)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		h.note("etcd compacted at revision %d while kube-apiserver was down", rev)
+		// Before the watches are back, or while they list again.
+		h.forget()
+		h.running()
+		h.awaitRelists(m)
+	case faultWatchesCut:
+		h.proxy.cut()
+		rev, err := st.Cluster.CompactEtcd(h.ctx)
+		if err != nil {
+			h.proxy.resume()
+			h.t.Fatal(err)
+		}
+		h.note("replicas cut off from kube-apiserver, etcd compacted at revision %d", rev)
+		h.forget()
+		// Shorter than the renew deadline: the leader stays.
+		h.sleep(time.Duration(500+h.rng.Intn(1000)) * time.Millisecond)
+		h.proxy.resume()
+		h.note("replicas reach kube-apiserver again")
+		h.awaitRelists(m)
 	case faultNone:
 	}
 }
@@ -613,22 +596,29 @@ func (h *harness) taint(node string, on bool) {
 // converge waits until I4 holds and records how long it took since the
 // fault started.
 func (h *harness) converge(kind string, round int, start time.Time) {
-	var why string
+	var why, noted string
 	ok := framework.Poll(h.t, convergeTimeout, func() (bool, error) {
 		h.running()
 		var err error
 		why, err = h.converged()
+		if why != noted && why != "" {
+			h.note("not converged: %s", why)
+			noted = why
+		}
 		return err == nil && why == "", nil
 	})
 	if !ok {
 		h.t.Fatalf("round %d, after %s: not converged within %s: %s", round, kind, convergeTimeout, why)
 	}
-	h.convergeTimes[kind] = append(h.convergeTimes[kind], time.Since(start))
+	took := time.Since(start)
+	h.convergeTimes[kind] = append(h.convergeTimes[kind], took)
+	h.note("converged %s after the fault started", took.Round(100*time.Millisecond))
 }
 
 // converged checks I4: every live pod's volume attached to its node and
 // listed in its node's status, no VolumeAttachment of these volumes that no
-// live pod wants, no pod still being deleted. It returns why not, or "".
+// live pod wants, no node status listing one of them where no live pod
+// wants it, no pod still being deleted. It returns why not, or "".
 func (h *harness) converged() (string, error) {
 	all, err := h.client.CoreV1().Pods(h.ns).List(h.ctx, metav1.ListOptions{})
 	if err != nil {
@@ -677,13 +667,21 @@ func (h *harness) converged() (string, error) {
 			return fmt.Sprintf("VolumeAttachment %s of %s on %s wanted by no pod", va.Name, pv, va.Spec.NodeName), nil
 		}
 	}
+	for _, n := range nodeList.Items {
+		for _, a := range n.Status.VolumesAttached {
+			i := slices.IndexFunc(h.volumes, func(v chaosVolume) bool { return slices.Contains(v.Names, string(a.Name)) })
+			if i >= 0 && !wanted[framework.VolumeAttachmentName(h.volumes[i].handle, h.volumes[i].driver, n.Name)] {
+				return fmt.Sprintf("%s's volumesAttached lists %s, attached there for no pod", n.Name, a.Name), nil
+			}
+		}
+	}
 	return "", nil
 }
 
-func (h *harness) summary(t *testing.T, violations []string) {
+func (h *harness) summary(t *testing.T, violations []string, unjudged int) {
 	var b strings.Builder
-	fmt.Fprintf(&b, "chaos summary: %d rounds, %d VolumeAttachment and Node events checked (%d watches listed again), %d violations\n",
-		h.rounds, h.checker.Events(), h.relists.Load(), len(violations))
+	fmt.Fprintf(&b, "chaos summary: %d rounds, %d VolumeAttachment and Node events checked (%d watches listed again, %d detaches unjudged in what they missed), %d violations\n",
+		h.rounds, h.checker.Events(), h.relists.Load(), unjudged, len(violations))
 	keys := func(m map[string]int) []string {
 		var ks []string
 		for k := range m {
@@ -693,7 +691,7 @@ func (h *harness) summary(t *testing.T, violations []string) {
 		return ks
 	}
 	for _, k := range keys(h.actions) {
-		fmt.Fprintf(&b, "  churn  %-45s %d\n", k, h.actions[k])
+		fmt.Fprintf(&b, "  churn  %-70s %d\n", k, h.actions[k])
 	}
 	for _, k := range keys(h.faults) {
 		d := slices.Clone(h.convergeTimes[k])
@@ -702,8 +700,15 @@ func (h *harness) summary(t *testing.T, violations []string) {
 		if len(d) > 0 {
 			median, worst = d[len(d)/2], d[len(d)-1]
 		}
-		fmt.Fprintf(&b, "  fault  %-45s %d  converged: median %s, max %s\n", k, h.faults[k],
+		fmt.Fprintf(&b, "  fault  %-70s %d  converged: median %s, max %s", k, h.faults[k],
 			median.Round(100*time.Millisecond), worst.Round(100*time.Millisecond))
+		if r := h.relistsCaused[k]; r.controller > 0 || r.checker > 0 || k == faultCompacted || k == faultWatchesCut {
+			fmt.Fprintf(&b, "; lists again: leader's informers %d, checker's watches %d", r.controller, r.checker)
+			if r.leaderChanged > 0 {
+				fmt.Fprintf(&b, " (leader changed %d times)", r.leaderChanged)
+			}
+		}
+		b.WriteString("\n")
 	}
 	t.Log(b.String())
 }

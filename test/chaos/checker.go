@@ -8,10 +8,18 @@
 // resourceVersion, which one etcd orders across resources): at the moment a
 // detach starts (a VolumeAttachment gets its deletion timestamp), the Node as
 // last written before that moment is the one the rules read.
+//
+// A detach started by someone else (a VolumeAttachment deleted by a third
+// party, DeletedByOthers) is not judged: the rules bind the controller. A
+// watch listed again after 410 Gone leaves a stretch of history unseen
+// (Unseen): the objects gone meanwhile come as tombstones, and a detach that
+// started within the stretch is counted as unjudged, not judged against a
+// Node whose versions there were missed.
 package chaos
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -20,6 +28,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 )
 
@@ -39,6 +48,10 @@ type Event struct {
 	Type watch.EventType
 	VA   *storagev1.VolumeAttachment
 	Node *v1.Node
+	// Tombstone: the object was found gone by a list; it went at some
+	// point after its resourceVersion, which is the last one seen before
+	// the list.
+	Tombstone bool
 }
 
 func (e Event) rv() uint64 {
@@ -52,6 +65,10 @@ func (e Event) rv() uint64 {
 	return n
 }
 
+// unseen is a stretch of etcd's history a watch did not deliver: after
+// from, up to and including to.
+type unseen struct{ from, to uint64 }
+
 // Checker records events and evaluates the invariants:
 //
 //	I1 a single-node volume has VolumeAttachments (in any state) on one node
@@ -64,12 +81,14 @@ type Checker struct {
 	mu      sync.Mutex
 	volumes map[string]Volume
 	events  []Event
+	others  map[types.UID]bool
+	unseen  []unseen
 }
 
 // NewChecker returns a Checker of the given volumes; VolumeAttachments of
 // other PVs are ignored.
 func NewChecker(volumes ...Volume) *Checker {
-	c := &Checker{volumes: map[string]Volume{}}
+	c := &Checker{volumes: map[string]Volume{}, others: map[types.UID]bool{}}
 	for _, v := range volumes {
 		c.volumes[v.PV] = v
 	}
@@ -90,6 +109,24 @@ func (c *Checker) Record(e Event) {
 	c.events = append(c.events, e)
 }
 
+// DeletedByOthers records that the VolumeAttachment with this UID was
+// deleted by someone other than the controller, first: its detach is not
+// the controller's and is not judged. The one re-created under the same name
+// has another UID and is.
+func (c *Checker) DeletedByOthers(uid types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.others[uid] = true
+}
+
+// Unseen records that a watch missed what etcd wrote after resourceVersion
+// from, up to and including to: it was listed again at to.
+func (c *Checker) Unseen(from, to uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.unseen = append(c.unseen, unseen{from, to})
+}
+
 // Events returns how many events were recorded.
 func (c *Checker) Events() int {
 	c.mu.Lock()
@@ -100,9 +137,18 @@ func (c *Checker) Events() int {
 // Violations replays the recorded events in etcd's order and returns every
 // broken invariant.
 func (c *Checker) Violations() []string {
+	v, _ := c.Judge()
+	return v
+}
+
+// Judge is Violations, with how many detaches were not judged: those
+// started within a stretch of history a watch missed.
+func (c *Checker) Judge() (violations []string, unjudged int) {
 	c.mu.Lock()
 	events := slices.Clone(c.events)
 	volumes := c.volumes
+	others := maps.Clone(c.others)
+	gaps := slices.Clone(c.unseen)
 	c.mu.Unlock()
 	sort.SliceStable(events, func(i, j int) bool { return events[i].rv() < events[j].rv() })
 
@@ -119,7 +165,11 @@ func (c *Checker) Violations() []string {
 	nodes := map[string]*v1.Node{}
 	detachStart := func(va *storagev1.VolumeAttachment, rv uint64) {
 		vol, ok := volumes[pvOf(va)]
-		if !ok {
+		if !ok || others[va.UID] {
+			return
+		}
+		if slices.ContainsFunc(gaps, func(g unseen) bool { return g.from < rv && rv <= g.to }) {
+			unjudged++
 			return
 		}
 		n := nodes[va.Spec.NodeName]
@@ -148,10 +198,15 @@ func (c *Checker) Violations() []string {
 	for _, e := range events {
 		switch {
 		case e.Node != nil:
-			if e.Type == watch.Deleted {
+			if e.Type == watch.Deleted || e.Tombstone {
 				delete(nodes, e.Node.Name)
 			} else {
 				nodes[e.Node.Name] = e.Node
+			}
+		case e.VA != nil && e.Tombstone:
+			// When it went, and who started its detach, is unknown.
+			if cur := vas[e.VA.Name]; cur != nil && cur.UID == e.VA.UID {
+				delete(vas, e.VA.Name)
 			}
 		case e.VA != nil:
 			va := e.VA
@@ -184,7 +239,7 @@ func (c *Checker) Violations() []string {
 			}
 		}
 	}
-	return out
+	return out, unjudged
 }
 
 // creator is the field manager that wrote the VolumeAttachment's spec.

@@ -8,6 +8,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 )
 
@@ -121,6 +122,97 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 				t.Errorf("violations %q, want none", got)
 			case tc.want != "" && (len(got) != 1 || !strings.HasPrefix(got[0], tc.want)):
 				t.Errorf("violations %q, want one starting with %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func withUID(e Event, uid string) Event {
+	e.VA.UID = types.UID(uid)
+	return e
+}
+
+func tombstone(e Event) Event {
+	e.Type = watch.Deleted
+	e.Tombstone = true
+	return e
+}
+
+// A detach someone else started is not judged, the controller's detach of
+// the object re-created afterwards is; a detach within a stretch a watch
+// missed is counted as unjudged; a tombstone ends an object without
+// starting a detach.
+func TestCheckerAttributesDetaches(t *testing.T) {
+	mounted := nodeEvent("10", "a", true, false, []string{rwoName}, []string{rwoName})
+	listed := nodeEvent("10", "a", true, false, []string{rwoName}, nil)
+	for _, tc := range []struct {
+		name     string
+		events   []Event
+		others   []string
+		unseen   [][2]uint64
+		want     string // "" for none
+		unjudged int
+	}{
+		{"a third party deletes a VolumeAttachment in use", []Event{
+			mounted,
+			withUID(vaEvent(watch.Added, "11", rwo, "a", false), "1"),
+			withUID(vaEvent(watch.Modified, "12", rwo, "a", true), "1"),
+			withUID(vaEvent(watch.Deleted, "13", rwo, "a", true), "1"),
+		}, []string{"1"}, nil, "", 0},
+		{"planted: the controller detaches the one re-created after a third party's delete", []Event{
+			listed,
+			withUID(vaEvent(watch.Added, "11", rwo, "a", false), "1"),
+			withUID(vaEvent(watch.Deleted, "12", rwo, "a", false), "1"),
+			withUID(vaEvent(watch.Added, "13", rwo, "a", false), "2"),
+			withUID(vaEvent(watch.Modified, "14", rwo, "a", true), "2"),
+		}, []string{"1"}, nil, "I3: detach of pv-rwo from a started (resourceVersion 14)", 0},
+		{"planted: the controller's delete is not excused by a third party's of another object", []Event{
+			listed,
+			withUID(vaEvent(watch.Added, "11", rwo, "a", false), "2"),
+			withUID(vaEvent(watch.Modified, "14", rwo, "a", true), "2"),
+		}, []string{"1"}, nil, "I3:", 0},
+		{"a detach within what a watch missed is not judged", []Event{
+			listed,
+			vaEvent(watch.Added, "11", rwo, "a", false),
+			vaEvent(watch.Added, "15", rwo, "a", true),
+		}, nil, [][2]uint64{{11, 20}}, "", 1},
+		{"planted: a detach after what a watch missed is judged", []Event{
+			listed,
+			vaEvent(watch.Added, "11", rwo, "a", false),
+			vaEvent(watch.Modified, "21", rwo, "a", true),
+		}, nil, [][2]uint64{{11, 20}}, "I3:", 0},
+		{"a tombstone ends a VolumeAttachment without starting a detach", []Event{
+			listed,
+			vaEvent(watch.Added, "11", rwo, "a", false),
+			tombstone(vaEvent(watch.Added, "11", rwo, "a", false)),
+			vaEvent(watch.Added, "15", rwo, "b", false),
+		}, nil, [][2]uint64{{11, 20}}, "", 0},
+		{"planted: a tombstone of another UID leaves the object", []Event{
+			withUID(vaEvent(watch.Added, "11", rwo, "a", false), "2"),
+			tombstone(withUID(vaEvent(watch.Added, "11", rwo, "a", false), "1")),
+			vaEvent(watch.Added, "15", rwo, "b", false),
+		}, nil, nil, "I1:", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewChecker(Volume{PV: rwo, SingleNode: true, Names: []string{rwoName}})
+			for _, uid := range tc.others {
+				c.DeletedByOthers(types.UID(uid))
+			}
+			for _, g := range tc.unseen {
+				c.Unseen(g[0], g[1])
+			}
+			for _, e := range tc.events {
+				c.Record(e)
+			}
+			got, unjudged := c.Judge()
+			switch {
+			case tc.want == "" && len(got) > 0:
+				t.Errorf("violations %q, want none", got)
+			case tc.want != "" && (len(got) != 1 || !strings.HasPrefix(got[0], tc.want)):
+				t.Errorf("violations %q, want one starting with %q", got, tc.want)
+			}
+			if unjudged != tc.unjudged {
+				t.Errorf("%d detaches unjudged, want %d", unjudged, tc.unjudged)
 			}
 		})
 	}

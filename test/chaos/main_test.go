@@ -21,7 +21,8 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	// Watches served from etcd: a watcher resumes across an apiserver
-	// restart from the last resourceVersion it saw.
+	// restart from the last resourceVersion it saw, unless etcd was
+	// compacted past it (framework.Cluster.CompactEtcd).
 	var stop func() error
 	var err error
 	st, stop, err = stack.StartBuilt(context.Background(), klog.Background().V(1), "--watch-cache=false")
