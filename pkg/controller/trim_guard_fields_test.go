@@ -51,7 +51,6 @@ func TestTrimGuardSeesEveryKeptField(t *testing.T) {
 // notDecisive lists the fields the trims keep whose loss no outcome of the
 // guard shows, and why: most are read by nothing (kept at little cost).
 var notDecisive = map[string]string{
-	"Node metadata.labels":      "read by nothing (a label change queues a node sync that finds nothing new)",
 	"Node spec.taints[].effect": "the out-of-service taint counts whatever its effect, other taints not at all",
 	"Node spec.taints[].value":  "the out-of-service taint counts whatever its value, other taints not at all",
 	"Pod metadata.resourceVersion": "read by nothing: the informers resume from the versions of the events, " +
