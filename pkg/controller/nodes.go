@@ -59,12 +59,13 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 			// found it gone: nothing says what it had mounted.
 			return nil
 		}
+		n, _ := c.actual.Node(name)
 		// Without its last state (a relist found it gone), what it had
 		// mounted is unknown.
 		c.touch(c.actual.DeleteNode(name, last != nil, c.clock.Now())...)
-		// It stops counting in its zone's health after the max wait: its
-		// sync then looks at the zone again.
-		if wait := c.cfg.Reconciler.DeletedNodeWait(); wait > 0 {
+		if wait := c.cfg.Reconciler.DeletedNodeWait(); n.Exists && n.Managed && wait > 0 {
+			// It stops counting in its zone's health after the max wait:
+			// its sync then looks at the zone again.
 			c.nodeQueue.AddAfter(name, wait+time.Second)
 		}
 		if !c.podsReadLater {

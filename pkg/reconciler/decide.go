@@ -122,9 +122,19 @@ func (r *Reconciler) decideAttach(d Decision, node cache.NodeInfo) Decision {
 			return d.with(Nothing, "attached")
 		case cache.Detaching:
 			return d.with(Wait, "a detach from node %s is still in progress; the volume is attached again once it completes", k.Node)
-		default:
-			return d.with(Attach, "attach in progress")
 		}
+		if a := d.Attachment; a.Kind != volume.KindCSI || a.AttachmentUID == "" {
+			// An attach of unknown outcome whose object is not seen (or
+			// an in-tree one, or one recovered from node status alone):
+			// trying again may attach it anew, so not while another node
+			// holds it (someone else deleted its VolumeAttachment and it
+			// was attached elsewhere meanwhile).
+			if elsewhere := singleNodeAccessConflict(d.Spec, k.Node, r.actual); len(elsewhere) > 0 {
+				d.Elsewhere = elsewhere
+				return d.with(Blocked, "volume is already exclusively attached to node %s and can't be attached to another", nodesOf(elsewhere))
+			}
+		}
+		return d.with(Attach, "attach in progress")
 	}
 	for _, alias := range d.Spec.Aliases {
 		if a, ok := r.actual.Get(cache.Key{Volume: alias, Node: k.Node}); ok && a.State != cache.Detaching {

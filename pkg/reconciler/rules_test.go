@@ -253,3 +253,36 @@ func TestSafeToDetachHeldByADisruptedZone(t *testing.T) {
 		t.Errorf("before the max wait: %+v, zone asked %v; want the max wait, the zone not asked", v, asked)
 	}
 }
+
+// An attach of unknown outcome whose object this controller has not seen
+// (recovered from node status alone, after someone deleted its
+// VolumeAttachment) is not tried again while another node holds the
+// single-node volume: trying again would create it anew. One whose
+// VolumeAttachment is seen only has its state checked.
+func TestUncertainAttachNotRetriedWhileHeldElsewhere(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		name string
+		uid  string
+		want Action
+	}{
+		{name: "object not seen", want: Blocked},
+		{name: "object seen", uid: "uid-1", want: Attach},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			desired, actual := cache.NewDesiredState(), cache.NewActualState()
+			for _, n := range []string{node1, node2} {
+				actual.SetNode(n, cache.NodeInfo{Managed: true, Ready: true})
+			}
+			desired.SetPod(podA, node1, []*volume.Spec{specA})
+			actual.Update(key(specA, node1), true, func(a *cache.Attachment) {
+				a.Kind, a.AttachmentUID = volume.KindCSI, tc.uid
+			})
+			actual.Update(key(specA, node2), true, func(a *cache.Attachment) { a.Kind, a.State = volume.KindCSI, cache.Attached })
+			r := New(desired, actual, nil, nil, nil, Config{MaxWaitForUnmount: time.Minute})
+			if d := r.Decide(key(specA, node1), now); d.Action != tc.want {
+				t.Errorf("decision %v, want %s", d, tc.want)
+			}
+		})
+	}
+}
