@@ -22,6 +22,8 @@ type zoneEntry struct {
 	nodes, unhealthy int
 	// deleted holds when each of its managed nodes was deleted.
 	deleted map[string]time.Time
+	// recovered is when the zone last stopped being disrupted.
+	recovered time.Time
 }
 
 // ZoneHealth is what is known of one zone's managed nodes.
@@ -35,6 +37,9 @@ type ZoneHealth struct {
 	// Expires is when the first of the deletions counted stops counting;
 	// zero when none is counted.
 	Expires time.Time
+	// Recovered is when the zone last stopped being disrupted (zero: not
+	// since this controller started).
+	Recovered time.Time
 }
 
 // countZoneLocked adds (sign 1) or removes (sign -1) what info says of its
@@ -61,7 +66,7 @@ func (a *ActualState) zoneLocked(name string) *zoneEntry {
 }
 
 func (a *ActualState) gcZoneLocked(name string) {
-	if z := a.zones[name]; z != nil && z.nodes == 0 && len(z.deleted) == 0 {
+	if z := a.zones[name]; z != nil && z.nodes == 0 && len(z.deleted) == 0 && z.recovered.IsZero() {
 		delete(a.zones, name)
 	}
 }
@@ -101,7 +106,7 @@ func (a *ActualState) ZoneHealth(zone string, now time.Time, window time.Duratio
 	if z == nil {
 		return h
 	}
-	h.Nodes, h.Unhealthy = z.nodes, z.unhealthy
+	h.Nodes, h.Unhealthy, h.Recovered = z.nodes, z.unhealthy, z.recovered
 	for _, t := range z.deleted {
 		expires := t.Add(window)
 		if !expires.After(now) {
@@ -114,6 +119,14 @@ func (a *ActualState) ZoneHealth(zone string, now time.Time, window time.Duratio
 		}
 	}
 	return h
+}
+
+// ZoneRecovered records that zone stopped being disrupted at at: its nodes
+// get a fresh max wait for unmount from then on (reconciler.safeToDetach).
+func (a *ActualState) ZoneRecovered(zone string, at time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.zoneLocked(zone).recovered = at
 }
 
 // KeysInZone returns the key of every attachment on a node of zone.

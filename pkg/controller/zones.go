@@ -36,6 +36,9 @@ func (c *Controller) checkZone(ctx context.Context, zone, node string) {
 	count := len(c.zoneDisrupted)
 	c.mu.Unlock()
 
+	if !disrupted {
+		c.actual.ZoneRecovered(zone, c.clock.Now())
+	}
 	c.cfg.Metrics.DisruptedZones.Set(float64(count))
 	logger := klog.FromContext(ctx)
 	what := reconciler.DescribeZone(h, cfg)
@@ -45,8 +48,9 @@ func (c *Controller) checkZone(ctx context.Context, zone, node string) {
 		c.cfg.Recorder.Eventf(ref, v1.EventTypeWarning, "ZoneDisrupted",
 			"%s; forced detaches by timeout of its nodes are held (the out-of-service taint still detaches at once)", what)
 	} else {
-		logger.Info("Zone no longer disrupted: forced detaches by timeout of its nodes resume", "zone", zone, "unhealthy", h.Unhealthy, "nodes", h.Nodes)
-		c.cfg.Recorder.Eventf(ref, v1.EventTypeNormal, "ZoneRecovered", "%s; forced detaches by timeout of its nodes resume", what)
+		logger.Info("Zone no longer disrupted: its nodes still not ready get the max wait for unmount again", "zone", zone, "unhealthy", h.Unhealthy, "nodes", h.Nodes)
+		c.cfg.Recorder.Eventf(ref, v1.EventTypeNormal, "ZoneRecovered",
+			"%s; the nodes still not ready get the max wait for unmount again from now before a forced detach", what)
 	}
 	c.touch(c.actual.KeysInZone(zone)...)
 }

@@ -107,9 +107,9 @@ func TestDisruptedZoneHoldsForcedDetaches(t *testing.T) {
 		t.Errorf("deleted %v, want a1's (out of service)", got)
 	}
 
-	// Six come back Ready, their volumes still mounted: the zone recovers;
-	// a0, still NotReady, is detached at once (its wait is over), the others
-	// wait for their unmount.
+	// Six come back Ready, their volumes still mounted: the zone recovers.
+	// a0, still NotReady, gets the max wait again from then (a partition
+	// heals node by node); the others wait for their unmount.
 	f.reset()
 	back := map[int][]nodeOpt{1: {outOfService}}
 	for i := 2; i < 8; i++ {
@@ -123,8 +123,17 @@ func TestDisruptedZoneHoldsForcedDetaches(t *testing.T) {
 	if events := f.takeEvents(); len(events) != 1 || !strings.Contains(events[0], "ZoneRecovered") {
 		t.Errorf("events %q, want one ZoneRecovered", events)
 	}
+	if got := deleted(); len(got) != 0 {
+		t.Errorf("deleted %v right after the zone recovered, want nothing", got)
+	}
+	if d := f.c.reconciler.Decide(k0, f.clock.Now()); !strings.Contains(d.Reason, "its zone recovered from a disruption 0s ago: forced detach in 6m0s") {
+		t.Errorf("decision %v, want a fresh max wait", d)
+	}
+	f.clock.Step(6*time.Minute + time.Second)
+	f.volumes.Add(k0)
+	f.drain()
 	if got := deleted(); !slices.Equal(got, []string{vaName(0, name(0))}) {
-		t.Errorf("deleted %v, want a0's (its wait is over)", got)
+		t.Errorf("deleted %v, want a0's once the max wait passed again", got)
 	}
 	if got := testutil.ToFloat64(f.c.cfg.Metrics.DisruptedZones) + testutil.ToFloat64(f.c.cfg.Metrics.ForcedDetachesHeld); got != 0 {
 		t.Errorf("disrupted zones and held detaches: %v, want none", got)

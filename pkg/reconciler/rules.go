@@ -47,7 +47,8 @@ type verdict struct {
 //
 // A forced detach by timeout is held while the node's zone is disrupted
 // (ZoneDisrupted; zone is asked only then): the wait then ends with the
-// zone's next expiring deletion, or with a change of its nodes.
+// zone's next expiring deletion, or with a change of its nodes. Once the
+// zone recovers, its nodes get the max wait again from then.
 func safeToDetach(k cache.Key, node cache.NodeInfo, wanted, now time.Time, cfg Config, zone func() cache.ZoneHealth) verdict {
 	if !node.Mounted(k.Volume) {
 		return verdict{}
@@ -69,12 +70,21 @@ func safeToDetach(k cache.Key, node cache.NodeInfo, wanted, now time.Time, cfg C
 		left := maxWait - elapsed
 		return verdict{After: left, Wait: fmt.Sprintf("still mounted on unhealthy node %s; forced detach in %s unless it is unmounted", k.Node, left.Round(time.Second))}
 	}
-	if z := zone(); ZoneDisrupted(z, cfg) {
+	z := zone()
+	if ZoneDisrupted(z, cfg) {
 		var left time.Duration
 		if !z.Expires.IsZero() {
 			left = z.Expires.Sub(now)
 		}
 		return verdict{After: left, Wait: fmt.Sprintf("still mounted on unhealthy node %s; forced detach held: %s", k.Node, DescribeZone(z, cfg)), HeldIn: &z}
+	}
+	if since := now.Sub(z.Recovered); !z.Recovered.IsZero() && since < maxWait {
+		// A partition heals node by node: the nodes not back yet get the
+		// max wait again from the zone's recovery, as the node lifecycle
+		// controller gives a zone's nodes a fresh grace period then.
+		left := maxWait - since
+		return verdict{After: left, Wait: fmt.Sprintf("still mounted on unhealthy node %s; its zone recovered from a disruption %s ago: forced detach in %s unless it is unmounted",
+			k.Node, since.Round(time.Second), left.Round(time.Second))}
 	}
 	return verdict{Force: ForceTimeout}
 }

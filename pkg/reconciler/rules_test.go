@@ -286,3 +286,21 @@ func TestUncertainAttachNotRetriedWhileHeldElsewhere(t *testing.T) {
 		})
 	}
 }
+
+// Once its zone recovers, a node still not Ready gets the max wait again
+// from the recovery: a partition heals node by node.
+func TestSafeToDetachAfterTheZoneRecovered(t *testing.T) {
+	k := key(specA, node1)
+	cfg := Config{MaxWaitForUnmount: 6 * time.Minute, UnhealthyZoneThreshold: 0.55, UnhealthyZoneMinNodes: 3}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	notReady := cache.NodeInfo{Seen: true, Exists: true, Zone: "a", InUse: map[volume.Name]bool{specA.Name: true}}
+	recovered := t0.Add(10 * time.Minute)
+	zone := func() cache.ZoneHealth { return cache.ZoneHealth{Zone: "a", Nodes: 10, Unhealthy: 2, Recovered: recovered} }
+	v := safeToDetach(k, notReady, t0, recovered.Add(time.Minute), cfg, zone)
+	if v.Force != "" || v.After != 5*time.Minute || !strings.Contains(v.Wait, "its zone recovered from a disruption 1m0s ago") {
+		t.Errorf("a minute after the recovery: %+v, want 5m more", v)
+	}
+	if v := safeToDetach(k, notReady, t0, recovered.Add(6*time.Minute), cfg, zone); v.Force != ForceTimeout {
+		t.Errorf("the max wait after the recovery: %+v, want a forced detach", v)
+	}
+}

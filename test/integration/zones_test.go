@@ -469,3 +469,35 @@ func TestZoneGuardDisabled(t *testing.T) {
 	t.Logf("All detached %s after the pods were deleted", time.Since(deleted).Round(time.Millisecond))
 	f.waitMetrics(forcedDetaches("timeout", 8), metricWant{name: metricDisruptedZones}, metricWant{name: metricHeld})
 }
+
+// Nodes of a disrupted zone come back Ready with their volumes still
+// mounted, one status write after another as kubelets report: no volume is
+// detached, neither while some of them are still NotReady after the zone
+// has recovered, nor once they are all Ready. Their kubelets unmount: every
+// volume is detached, none forced.
+func TestZoneRecoveryKeepsVolumesOfReturningNodes(t *testing.T) {
+	f := startZones(t, "zone-back", nil, zoneSpec{"a", 10})
+	dead := f.nodes[:8]
+	zone := dead[0].zone
+	f.kill(dead...)
+	// Due and held.
+	f.waitMetrics(metricWant{name: metricDisruptedZones, value: 1}, metricWant{name: metricHeld, value: 8})
+
+	kept := f.watchAttached(dead...)
+	for _, n := range dead {
+		f.e.setNodeReady(n.name, true)
+	}
+	msg := f.waitZoneEvent(zone, v1.EventTypeNormal, "ZoneRecovered", fmt.Sprintf("zone %q is not disrupted: ", zone))
+	t.Logf("ZoneRecovered: %s", msg)
+	f.waitMetrics(metricWant{name: metricDisruptedZones}, metricWant{name: metricHeld})
+	framework.Consistently(t, zoneMaxWait, kept.check, "the volumes mounted on the nodes back Ready to stay attached")
+	kept.close()
+
+	for _, n := range dead {
+		f.e.setVolumesInUse(n.name)
+	}
+	for _, n := range dead {
+		f.e.waitDetached(f.driver, n.handle, n.name)
+	}
+	f.waitMetrics(metricWant{name: metricForced})
+}
