@@ -1,8 +1,11 @@
 # The attach-detach-controller image: a static binary on distroless, run as a
 # non-root user.
 #
-#   docker build --build-arg VERSION="$(git describe --tags --always --dirty)" \
-#     -t ghcr.io/kube-attach/attach-detach-controller:TAG .
+#   make image       (or: docker build --build-arg VERSION="$(hack/version.sh)" \
+#                       -t ghcr.io/kube-attach/attach-detach-controller:"$(hack/version.sh)" .)
+#
+# The version is the release in VERSION (hack/version.sh adds -dev and the
+# commit off the release's tag); the chart's appVersion is the same.
 #
 # hack/verify-dockerfile.sh checks the invariants of this file and runs its
 # build command locally: keep the `go build` in a single RUN of the build

@@ -5,7 +5,8 @@
 #                     integration tests against a real kube-apiserver,
 #                     end-to-end and a short chaos run
 #   make verify       gofmt, go vet, staticcheck, module and version pins,
-#                     the Dockerfile and the manifests
+#                     the Dockerfile, the manifests and the Helm chart
+#   make kubectl-adc  the kubectl plugin (kubectl adc why pod/NAME)
 
 SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
@@ -21,8 +22,13 @@ export CGO_ENABLED := 0
 export GOFLAGS     := $(strip $(filter-out -trimpath -ldflags=-w,$(GOFLAGS)) -trimpath -ldflags=-w)
 
 BIN_DIR     := _output/bin
-VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# The release is in VERSION, the one place it is written: the image tag, the
+# chart's version and appVersion (hack/verify-chart.sh checks them) and the
+# version a build of the release's tag prints; a build of any other commit
+# prints the release, -dev and the commit (hack/version.sh).
+VERSION     ?= $(shell hack/version.sh)
 LDFLAGS     := -X github.com/kube-attach/attach-detach-controller/cmd/attach-detach-controller/app.Version=$(VERSION)
+PLUGIN_LDFLAGS := -X github.com/kube-attach/attach-detach-controller/cmd/kubectl-adc/app.Version=$(VERSION)
 GO_TEST     ?= go test
 # go test's own vet (a subset of go vet's checks, once per build
 # configuration) is left to make verify, which runs go vet on every package
@@ -37,20 +43,33 @@ E2E_TOOLS := etcd kube-apiserver csi-attacher csi-mock-driver
 # manifests/, as `kubectl kustomize` would), and the e2e stack.
 TOOLS := $(E2E_TOOLS) kube-controller-manager kustomize
 
-.PHONY: all build tools go-tools promtool test-binaries test test-unit test-bench test-sim test-integration test-e2e test-chaos chaos demo bench verify image clean
+.PHONY: all build kubectl-adc kubectl-adc-release tools go-tools helm promtool test-binaries test test-unit test-bench test-sim test-integration test-e2e test-chaos chaos demo bench verify image clean
 
 all: build
 
 build:
 	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/attach-detach-controller ./cmd/attach-detach-controller
 
+# The kubectl plugin: copy it onto the PATH, then `kubectl adc why pod/NAME`.
+# make kubectl-adc-release: an archive per platform and the krew manifest
+# (plugins/adc.yaml, filled in) in _output/release.
+kubectl-adc:
+	CGO_ENABLED=0 go build -trimpath -ldflags '$(PLUGIN_LDFLAGS)' -o $(BIN_DIR)/kubectl-adc ./cmd/kubectl-adc
+
+kubectl-adc-release:
+	hack/release-kubectl-adc.sh $(VERSION)
+
 # The real etcd and kube-apiserver the integration tests run against, built
 # from the Go module proxy (hack/tools); a second run reuses them. promtool
-# installs beside the build (make -j).
-tools: go-tools promtool
+# installs and helm (hack/helm, a module of its own) builds beside them
+# (make -j).
+tools: go-tools promtool helm
 
 go-tools:
 	hack/build-tools.sh $(TOOLS)
+
+helm:
+	hack/build-helm.sh
 
 promtool:
 	hack/install-promtool.sh
@@ -141,6 +160,7 @@ verify:
 	go run $(STATICCHECK) ./...
 	hack/verify-dockerfile.sh
 	hack/verify-manifests.sh
+	hack/verify-chart.sh
 
 # Side by side with kube-controller-manager's attachdetach controller on one
 # real kube-apiserver (SIZE=small: 50 nodes x 10 pods, a few minutes;
