@@ -31,6 +31,7 @@ const (
 // taken for the third party's), and tells the checker. It reads it again
 // and retries when it changed but is not being deleted.
 func (h *harness) deleteAttachment(va *storagev1.VolumeAttachment, why string) bool {
+	h.t.Helper()
 	vas := h.client.StorageV1().VolumeAttachments()
 	for range 5 {
 		if va.DeletionTimestamp != nil {
@@ -75,6 +76,7 @@ func (h *harness) mounted(v chaosVolume, node string) *storagev1.VolumeAttachmen
 // waitMounted waits a little for v to be attached to node and mounted
 // there; nil if it is not (a fault may be in the way).
 func (h *harness) waitMounted(v chaosVolume, node string) *storagev1.VolumeAttachment {
+	h.t.Helper()
 	var va *storagev1.VolumeAttachment
 	framework.Poll(h.t, 30*time.Second, func() (bool, error) {
 		va = h.mounted(v, node)
@@ -87,6 +89,7 @@ func (h *harness) waitMounted(v chaosVolume, node string) *storagev1.VolumeAttac
 // mounted: the controller must attach it again, and nothing may detach the
 // volume anywhere else meanwhile.
 func (h *harness) deleteInUse() {
+	h.t.Helper()
 	pods := h.pods()
 	for _, i := range h.rng.Perm(len(h.volumes)) {
 		v := h.volumes[i]
@@ -121,6 +124,7 @@ func (h *harness) deleteInUse() {
 // Then one of the pods goes, chosen at random, so that the volume can
 // settle.
 func (h *harness) multiAttach(failing bool) {
+	h.t.Helper()
 	var candidates []chaosVolume
 	for _, v := range h.volumes {
 		// A failing attach is made by the node ID of the mock driver.
@@ -198,13 +202,20 @@ const unreachableID = "unreachable"
 // breakAttach makes every attach of driver to node fail: the node's CSINode
 // names another node ID for the driver (an entry's node ID is immutable:
 // the entry is removed, then added back).
-func (h *harness) breakAttach(node, driver string) { h.setNodeID(node, driver, unreachableID) }
+func (h *harness) breakAttach(node, driver string) {
+	h.t.Helper()
+	h.setNodeID(node, driver, unreachableID)
+}
 
 // repairAttach undoes breakAttach (kubeletsim registers the mock drivers
 // with their own name as node ID).
-func (h *harness) repairAttach(node, driver string) { h.setNodeID(node, driver, driver) }
+func (h *harness) repairAttach(node, driver string) {
+	h.t.Helper()
+	h.setNodeID(node, driver, driver)
+}
 
 func (h *harness) setNodeID(node, driver, id string) {
+	h.t.Helper()
 	csiNodes := h.client.StorageV1().CSINodes()
 	for _, with := range []bool{false, true} {
 		framework.Eventually(h.t, 30*time.Second, func() (bool, error) {
@@ -233,6 +244,7 @@ func (h *harness) setNodeID(node, driver, id string) {
 // kube-controller-manager may during a cut-over: the controller must put
 // the list right.
 func (h *harness) statusEntry() {
+	h.t.Helper()
 	nodes := h.client.CoreV1().Nodes()
 	framework.Eventually(h.t, 30*time.Second, func() (bool, error) {
 		n, err := nodes.Get(h.ctx, h.node(), metav1.GetOptions{})
@@ -282,6 +294,7 @@ func (h *harness) statusEntry() {
 // (grace period 0) and the VolumeAttachment of a mounted volume: their
 // deletions reach the controller's informers as tombstones of a relist.
 func (h *harness) forget() {
+	h.t.Helper()
 	zero := int64(0)
 	pods := h.pods()
 	for _, i := range h.rng.Perm(len(h.volumes)) {
@@ -346,6 +359,7 @@ func (h *harness) relisted(m relistMark) (lists int, all, same bool) {
 // since m, so that a fault meant to force relists has done so before
 // convergence is judged.
 func (h *harness) awaitRelists(m relistMark) {
+	h.t.Helper()
 	var all, same bool
 	framework.Poll(h.t, 90*time.Second, func() (bool, error) {
 		_, all, same = h.relisted(m)
@@ -397,6 +411,7 @@ type relistCount struct {
 // checkRelists fails the run when a fault made to force relists did not:
 // it would prove nothing.
 func (h *harness) checkRelists() {
+	h.t.Helper()
 	if r, n := h.relistsCaused[faultWatchesCut], h.faults[faultWatchesCut]; n > r.leaderChanged && r.controller == 0 {
 		h.t.Errorf("%d faults %q made the leader list nothing again", n, faultWatchesCut)
 	}

@@ -26,6 +26,7 @@ import (
 // missed as unseen. The apiserver runs without a watch cache, so that a
 // restart alone does not make the last resourceVersion seen too old.
 func watchInto(t *testing.T, client kubernetes.Interface, checker *Checker, relists *atomic.Int64) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	vas := client.StorageV1().VolumeAttachments()
@@ -73,6 +74,7 @@ type watched interface {
 // watchKind lists, then watches in the background.
 func watchKind[T watched](ctx context.Context, t *testing.T, checker *Checker, relists *atomic.Int64, name string,
 	list func(context.Context) ([]T, string, error), lw cache.WatcherWithContext, event func(watch.EventType, T) Event) {
+	t.Helper()
 	known := map[string]T{}
 	var last uint64
 	seen := func(typ watch.EventType, obj T) {
