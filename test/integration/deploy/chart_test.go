@@ -460,3 +460,30 @@ func TestChartEveryToggle(t *testing.T) {
 		t.Errorf("dry-run applied %d objects of %d:\n%s", len(applied), len(objs), strings.Join(applied, "\n"))
 	}
 }
+
+// TestChartHelmInstall runs `helm install --dry-run=server` against the real
+// API server, as a newcomer's first install would go (every object
+// validated by the server, nothing stored), and reads the notes it prints:
+// how to check the Lease and how to ask /explain.
+func TestChartHelmInstall(t *testing.T) {
+	out, stderr, err := runHelm(t, "install", releaseName, filepath.Join(repoRoot, chartDir),
+		"--namespace", releaseNamespace, "--dry-run=server", "--kubeconfig", cluster.Kubeconfig)
+	if err != nil {
+		t.Fatalf("helm install --dry-run=server: %v\n%s%s", err, out, stderr)
+	}
+	_, notes, found := strings.Cut(string(out), "\nNOTES:\n")
+	if !found {
+		t.Fatalf("helm install printed no notes:\n%s", out)
+	}
+	for _, want := range []string{
+		"kubectl -n kube-system get lease attach-detach-controller -o jsonpath='{.spec.holderIdentity}",
+		"--clusterrole=attach-detach-controller:explain",
+		"kubectl adc why pod/<name> -n <namespace>\n",
+		"https://localhost:10262/explain?pod=<namespace>/<name>",
+		"--controllers=*,-attachdetach",
+	} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("the notes lack %q:\n%s", want, notes)
+		}
+	}
+}
