@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
 // A graceful stop hands the volumes over to whichever controller runs next:
@@ -78,6 +80,15 @@ func (a *ActualState) Unsettled(limit int) (count int, sample, toWrite []string)
 		for v, at := range n.attachments {
 			var why string
 			switch {
+			case at.State == Uncertain && at.Kind == volume.KindCSI && at.AttachmentUID == "" && at.AttachStarted.IsZero():
+				// Listed in node status at start with no VolumeAttachment
+				// (someone deleted it): nothing is under way, and the
+				// writes take it out of the status.
+				if at.Reported || n.writing || n.dirty {
+					why = "node status write under way"
+					break
+				}
+				continue
 			case at.State == Uncertain:
 				why = "attach under way"
 			case at.State == Detaching || !at.DetachStarted.IsZero():

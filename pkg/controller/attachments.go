@@ -8,6 +8,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
@@ -30,22 +31,29 @@ func (c *Controller) syncAttachment(ctx context.Context, name string) error {
 			// the controller's own not seen yet may follow the delete of an
 			// older object of the same name.
 			a, _ := c.actual.Get(k)
-			switch {
-			case a.AttachmentName != name:
-			case a.AttachmentUID == "":
-				// Not proof: the reconciler asks the API (an attach finds
-				// the object or creates it, a detach deletes it or learns
-				// that it is gone).
-				c.volumeQueue.Add(k)
-			default:
-				if !a.DetachStarted.IsZero() {
-					c.cfg.Metrics.ObserveOperation(volume.MetricPluginName(k.Volume), metrics.OperationDetach,
-						a.Spec != nil && a.Spec.Migrated, true, c.clock.Since(a.DetachStarted))
-				}
-				c.actual.Delete(k)
-				logger.V(2).Info("VolumeAttachment is gone: volume detached", "volume", k.Volume, "node", k.Node)
-				c.touch(append(c.reconciler.WantedUnderOtherNames(a), k)...)
+			if a.AttachmentName != name {
+				return nil
 			}
+			if a.AttachmentUID == "" {
+				// Not proof: the object on record was never seen, and may
+				// be the controller's own create, made after the delete of
+				// an older object of that name. The API says.
+				_, err := c.client.StorageV1().VolumeAttachments().Get(ctx, name, metav1.GetOptions{})
+				switch {
+				case err == nil:
+					c.volumeQueue.Add(k)
+					return nil
+				case !apierrors.IsNotFound(err):
+					return fmt.Errorf("get VolumeAttachment %s: %w", name, err)
+				}
+			}
+			if !a.DetachStarted.IsZero() {
+				c.cfg.Metrics.ObserveOperation(volume.MetricPluginName(k.Volume), metrics.OperationDetach,
+					a.Spec != nil && a.Spec.Migrated, true, c.clock.Since(a.DetachStarted))
+			}
+			c.actual.Delete(k)
+			logger.V(2).Info("VolumeAttachment is gone: volume detached", "volume", k.Volume, "node", k.Node)
+			c.touch(append(c.reconciler.WantedUnderOtherNames(a), k)...)
 		}
 		return nil
 	}

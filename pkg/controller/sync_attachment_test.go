@@ -29,7 +29,9 @@ func TestSyncAttachment(t *testing.T) {
 		name    string
 		before  []recorded
 		objects []runtime.Object
-		key     string
+		// inAPI are objects the API holds and the listers do not show yet.
+		inAPI []runtime.Object
+		key   string
 		// again: the key was synced once already with these objects.
 		again bool
 
@@ -86,13 +88,25 @@ func TestSyncAttachment(t *testing.T) {
 			wantStatus:  []string{"node-1"},
 		},
 		{
-			name: "VolumeAttachment created by the controller and never seen is not in the lister: the record stays, " +
-				"the reconciler asks the API",
+			name: "VolumeAttachment created by the controller and never seen is not in the lister but in the API: " +
+				"the record stays",
 			before:      []recorded{{handle: "h1", state: cache.Uncertain}},
 			objects:     []runtime.Object{node("node-1"), pv},
+			inAPI:       []runtime.Object{va("claim-a", "h1", "node-1", notAttached)},
 			key:         name,
 			wantActual:  []string{csiName("h1") + "@node-1 uncertain"},
 			wantVolumes: []string{key("h1", "node-1")},
+		},
+		{
+			// An attached record whose object was never seen (its UID
+			// cleared by a create that found it existing) is not left
+			// attached forever when it goes.
+			name:        "VolumeAttachment never seen, gone from the API too: the volume is detached",
+			before:      []recorded{{handle: "h1", state: cache.Attached}},
+			objects:     []runtime.Object{node("node-1"), pv},
+			key:         name,
+			wantVolumes: []string{key("h1", "node-1")},
+			wantStatus:  []string{"node-1"},
 		},
 		{
 			name:       "unknown VolumeAttachment gone: nothing to do",
@@ -125,7 +139,8 @@ func TestSyncAttachment(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFixture(t, tc.objects...)
+			f := newFixture(t, append(tc.objects, tc.inAPI...)...)
+			f.load(tc.objects...)
 			for _, r := range tc.before {
 				k := cache.Key{Volume: volume.CSIName(driver, r.handle), Node: "node-1"}
 				f.c.actual.Update(k, true, func(a *cache.Attachment) {
