@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
+	streamhttp "k8s.io/streaming/pkg/httpstream"
 )
 
 // explanation is one answer of the controller's /explain, as
@@ -110,12 +111,12 @@ func (o *Options) leader(ctx context.Context, c *clients) (string, error) {
 		holder = *lease.Spec.HolderIdentity
 	}
 	if holder == "" {
-		return "", fmt.Errorf("Lease %s/%s has no holder: no replica leads", o.ControllerNamespace, o.LeaseName)
+		return "", fmt.Errorf("the Lease %s/%s has no holder: no replica leads", o.ControllerNamespace, o.LeaseName)
 	}
 	if lease.Spec.RenewTime != nil && lease.Spec.LeaseDurationSeconds != nil {
 		expiry := lease.Spec.RenewTime.Add(time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second)
 		if time.Now().After(expiry) {
-			return "", fmt.Errorf("Lease %s/%s held by %s expired %s ago: no replica leads", o.ControllerNamespace, o.LeaseName, holder, time.Since(expiry).Round(time.Second))
+			return "", fmt.Errorf("the Lease %s/%s held by %s expired %s ago: no replica leads", o.ControllerNamespace, o.LeaseName, holder, time.Since(expiry).Round(time.Second))
 		}
 	}
 	pod, _, _ := strings.Cut(holder, "_")
@@ -135,15 +136,19 @@ func (o *Options) reachLeader(ctx context.Context, c *clients) (*controller, err
 	if err != nil {
 		return nil, fmt.Errorf("port-forward transport: %w", err)
 	}
-	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: transport}, http.MethodPost, pfURL)
-	// Newer API servers tunnel the port-forward over a websocket; older
-	// ones only speak SPDY.
-	if ws, err := portforward.NewSPDYOverWebsocketDialer(pfURL, c.config); err == nil {
-		dialer = portforward.NewFallbackDialer(ws, dialer, func(err error) bool { return true })
+	// As kubectl port-forward: a websocket tunnel first, SPDY where the API
+	// server (or a proxy on the way) can't upgrade to it.
+	var dialer streamhttp.Dialer = spdy.NewDialerForStreaming(upgrader, &http.Client{Transport: transport}, http.MethodPost, pfURL)
+	tunnel, err := portforward.NewSPDYOverWebsocketDialerForStreaming(pfURL, c.config)
+	if err != nil {
+		return nil, fmt.Errorf("port-forward websocket dialer: %w", err)
 	}
+	dialer = portforward.NewFallbackDialerForStreaming(tunnel, dialer, func(err error) bool {
+		return streamhttp.IsUpgradeFailure(err) || streamhttp.IsHTTPSProxyError(err)
+	})
 	stop, ready := make(chan struct{}), make(chan struct{})
 	var pfErr strings.Builder
-	pf, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{fmt.Sprintf("0:%d", o.Port)}, stop, ready, io.Discard, &pfErr)
+	pf, err := portforward.NewOnAddressesForStreaming(dialer, []string{"127.0.0.1"}, []string{fmt.Sprintf("0:%d", o.Port)}, stop, ready, io.Discard, &pfErr)
 	if err != nil {
 		return nil, fmt.Errorf("port-forward to %s/%s: %w", o.ControllerNamespace, pod, err)
 	}
@@ -152,7 +157,10 @@ func (o *Options) reachLeader(ctx context.Context, c *clients) (*controller, err
 	select {
 	case <-ready:
 	case err := <-done:
-		return nil, fmt.Errorf("port-forward to %s/%s (needs create on pods/portforward there): %w %s", o.ControllerNamespace, pod, err, pfErr.String())
+		if detail := strings.TrimSpace(pfErr.String()); detail != "" {
+			err = fmt.Errorf("%w (%s)", err, detail)
+		}
+		return nil, fmt.Errorf("port-forward to %s/%s (needs create on pods/portforward there): %w", o.ControllerNamespace, pod, err)
 	case <-ctx.Done():
 		close(stop)
 		return nil, fmt.Errorf("port-forward to %s/%s: %w", o.ControllerNamespace, pod, ctx.Err())

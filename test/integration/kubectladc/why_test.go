@@ -125,6 +125,17 @@ func TestWhyFromObjects(t *testing.T) {
 		out := adc(t, "why", "pod/web", "-n", ns, "--lease", lease)
 		wantLines(t, out, "Answered from the objects, not by the controller: leader pod kube-system/gone-pod", "=> attached, reported and mounted")
 	})
+	t.Run("a leader with no kubelet to forward a port to", func(t *testing.T) {
+		// The port-forward is tried through the API server, which finds no
+		// kubelet to reach on the leader's node.
+		lease, leader := "adc-kubectl-pf", "adc-leader-pf"
+		if _, err := cluster.Client.CoreV1().Pods(metav1.NamespaceSystem).Create(ctx, framework.Pod(metav1.NamespaceSystem, leader, node), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		createLease(ctx, t, lease, leader+"_5678")
+		out := adc(t, "why", "pod/web", "-n", ns, "--lease", lease)
+		wantLines(t, out, "Answered from the objects, not by the controller: port-forward to kube-system/"+leader, "=> attached, reported and mounted")
+	})
 }
 
 // TestWhyFromController: the controller binary attaches a pod's volume;
