@@ -63,6 +63,15 @@ func (c *attachmentClient) Create(ctx context.Context, va *storagev1.VolumeAttac
 	return out, answered(c.s, err)
 }
 
+func (c *attachmentClient) Get(ctx context.Context, name string, opts metav1.GetOptions) (*storagev1.VolumeAttachment, error) {
+	c.s.yield()
+	va, err := c.VolumeAttachmentInterface.Get(ctx, name, opts)
+	if err = answered(c.s, err); err != nil {
+		return nil, err
+	}
+	return va, nil
+}
+
 func (c *attachmentClient) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
 	c.s.yield()
 	return answered(c.s, c.VolumeAttachmentInterface.Delete(ctx, name, opts))

@@ -215,6 +215,20 @@ func (w *world) react(action k8stesting.Action) (bool, runtime.Object, error) {
 		}
 		obj, err = w.patchNodeStatus(a.GetName(), a.GetPatch())
 		what += " " + a.GetName()
+	case k8stesting.GetAction: // after the cases of actions that also name an object
+		if a.GetResource().Resource != rAttachments {
+			handled = false
+			break
+		}
+		what += " " + a.GetName()
+		if o := w.get(rAttachments, a.GetName()); o != nil {
+			obj = o.DeepCopyObject()
+		} else {
+			err = apierrors.NewNotFound(vaResource, a.GetName())
+		}
+		// A read lands nothing: no answer to lose.
+		s.tracef("  %s: %v", what, errText(err))
+		return true, obj, err
 	default:
 		handled = false
 	}
