@@ -149,6 +149,10 @@ type nodeEntry struct {
 	// flight began: a write that finds the node gone says nothing of
 	// another Node object read since, one created again (NodeGone).
 	writeUID string
+	// observed is what node.status was seen to list while a write was in
+	// flight (ObserveReport), taken into account when the write ends: it
+	// may be newer than the write.
+	observed []v1.AttachedVolume
 }
 
 // NewActualState returns an empty ActualState.
@@ -571,6 +575,10 @@ func (a *ActualState) EndReport(node string, written []v1.AttachedVolume, ok boo
 			keys = append(keys, at.Key)
 		}
 	}
+	if seen := n.observed; seen != nil {
+		n.observed = nil
+		a.observeLocked(n, seen)
+	}
 	return keys
 }
 
@@ -659,13 +667,27 @@ func (a *ActualState) Stats() map[string]int {
 // (its detach waits for that write); one it does not list keeps its flag,
 // since the object may predate a write that listed it, and only a confirmed
 // write of the controller's own clears it.
+//
+// Seen while a write of the node's status is in flight, it is taken into
+// account when that write ends: someone may have written after it landed.
 func (a *ActualState) ObserveReport(node string, seen []v1.AttachedVolume) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n := a.nodes[node]
-	if n == nil || n.writing {
+	if n == nil {
 		return
 	}
+	if n.writing {
+		n.observed = slices.Clone(seen)
+		if n.observed == nil {
+			n.observed = []v1.AttachedVolume{}
+		}
+		return
+	}
+	a.observeLocked(n, seen)
+}
+
+func (a *ActualState) observeLocked(n *nodeEntry, seen []v1.AttachedVolume) {
 	seen = slices.Clone(seen)
 	slices.SortFunc(seen, func(x, y v1.AttachedVolume) int { return strings.Compare(string(x.Name), string(y.Name)) })
 	if slices.Equal(seen, a.reportedLocked(n)) {

@@ -466,13 +466,15 @@ func TestActualStateReport(t *testing.T) {
 			},
 		},
 		{
-			name:        "observation during a write is ignored",
+			// Someone may have written after the write landed: the node
+			// status is written again.
+			name:        "observation during a write is taken when it ends",
 			attachments: []Attachment{{Key: kA, State: Attached}},
 			steps: []step{
 				{begin: true, wantList: []v1.AttachedVolume{av(volA, "")}, wantChanged: true, wantInFlight: true},
 				{observe: []v1.AttachedVolume{av("kubernetes.io/csi/d.example.com^ghost", "")}, wantInFlight: true},
 				{end: true, ok: true, wantKeys: []Key{kA}, wantReported: []v1.AttachedVolume{av(volA, "")}},
-				{begin: true, wantList: []v1.AttachedVolume{av(volA, "")}, wantChanged: false},
+				{begin: true, wantList: []v1.AttachedVolume{av(volA, "")}, wantChanged: true, wantInFlight: true},
 			},
 		},
 	}

@@ -212,9 +212,6 @@ func sameAttached(a, b []v1.AttachedVolume) bool {
 // other volumes than the controller wrote (someone else wrote it, or the
 // object predates the controller's last write), so it is written again.
 func (c *Controller) rewriteStatus(ctx context.Context, name string, listed []v1.AttachedVolume) {
-	if c.actual.ReportInFlight(name) {
-		return
-	}
 	klog.FromContext(ctx).V(2).Info("Node status lists other attached volumes than written; rewriting it")
 	c.actual.ObserveReport(name, listed)
 	c.statusQueue.Add(name)
