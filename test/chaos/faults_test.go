@@ -33,29 +33,33 @@ const (
 func (h *harness) deleteAttachment(va *storagev1.VolumeAttachment, why string) bool {
 	h.t.Helper()
 	vas := h.client.StorageV1().VolumeAttachments()
+	name := va.Name
 	for range 5 {
 		if va.DeletionTimestamp != nil {
-			h.note("VolumeAttachment %s (%s) already being deleted: not deleted by the third party", va.Name, why)
+			h.note("VolumeAttachment %s (%s) already being deleted: not deleted by the third party", name, why)
 			return false
 		}
-		err := vas.Delete(h.ctx, va.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &va.UID, ResourceVersion: &va.ResourceVersion}})
+		err := vas.Delete(h.ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &va.UID, ResourceVersion: &va.ResourceVersion}})
 		switch {
 		case err == nil:
 			h.checker.DeletedByOthers(va.UID)
-			h.note("third party deleted VolumeAttachment %s (uid %s, %s, attached=%v)", va.Name, va.UID, why, va.Status.Attached)
+			h.note("third party deleted VolumeAttachment %s (uid %s, %s, attached=%v)", name, va.UID, why, va.Status.Attached)
 			return true
 		case apierrors.IsConflict(err):
-			if va, err = vas.Get(h.ctx, va.Name, metav1.GetOptions{}); err == nil {
+			got, getErr := vas.Get(h.ctx, name, metav1.GetOptions{})
+			if getErr == nil {
+				va = got
 				continue
 			}
+			err = getErr
 		}
 		if !apierrors.IsNotFound(err) {
-			h.t.Fatalf("delete VolumeAttachment %s: %v", va.Name, err)
+			h.t.Fatalf("delete VolumeAttachment %s: %v", name, err)
 		}
-		h.note("VolumeAttachment %s (%s) gone before the third party deleted it", va.Name, why)
+		h.note("VolumeAttachment %s (%s) gone before the third party deleted it", name, why)
 		return false
 	}
-	h.note("VolumeAttachment %s (%s) kept changing: not deleted by the third party", va.Name, why)
+	h.note("VolumeAttachment %s (%s) kept changing: not deleted by the third party", name, why)
 	return false
 }
 
