@@ -257,9 +257,33 @@ func (s *Sim) readPods() {
 		return
 	}
 	s.recovered = s.recovery.Finish(s.ctx)
+	s.sortRecovered()
 	s.recovery = nil
 	s.workers[controller.QueuePods] = 2
 	s.tracef("every pod read, %d recovered volume keys to queue", len(s.recovered))
+}
+
+// sortRecovered orders the keys recovery held back as Finish does (those
+// not settled first) and, within each group, by name: Finish returns them in
+// the order the controller's maps gave them, and a seed must replay exactly.
+func (s *Sim) sortRecovered() {
+	settled := func(k cache.Key) bool {
+		e := s.ctrl.Explain(k)
+		return e.State == string(cache.Attached) && e.Reported && e.Desired
+	}
+	class := make(map[cache.Key]bool, len(s.recovered))
+	for _, k := range s.recovered {
+		class[k] = settled(k)
+	}
+	slices.SortStableFunc(s.recovered, func(a, b cache.Key) int {
+		switch {
+		case class[a] != class[b] && class[b]:
+			return -1
+		case class[a] != class[b]:
+			return 1
+		}
+		return strings.Compare(string(a.Volume)+"@"+a.Node, string(b.Volume)+"@"+b.Node)
+	})
 }
 
 // kill stops the controller as SIGKILL does: calls in flight get no answer.
