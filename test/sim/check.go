@@ -151,7 +151,9 @@ func (s *Sim) checkDetachStart(pv, node string) {
 	} else {
 		inUse = s.deletedInUse[node]
 	}
-	if listed(attached) {
+	// What a third party listed since the controller's last status write
+	// is not the controller's doing (if it stays, I5 finds it).
+	if listed(slices.DeleteFunc(attached, func(x string) bool { return s.thirdPartyListed[node][x] })) {
 		s.violate("I3", "detach of %s from %s started while node.status.volumesAttached lists it", pv, node)
 	}
 	if !listed(inUse) {
@@ -267,11 +269,20 @@ func (s *Sim) explain(pv string) {
 
 // checkHandedOver checks I6.
 func (s *Sim) checkHandedOver() {
+	// Of a volume a third party took out of (or listed in) a node's status
+	// since the controller's last write there, or of a VolumeAttachment it
+	// created or deleted and whose event the controller has not read yet,
+	// the controller may know nothing.
 	listed := func(n *v1.Node, pv string) bool {
 		v := s.volumeByPV(pv)
-		return v != nil && slices.ContainsFunc(n.Status.VolumesAttached, func(a v1.AttachedVolume) bool {
-			return slices.Contains(v.names, string(a.Name))
-		})
+		return v != nil && (slices.ContainsFunc(v.names, func(x string) bool { return s.thirdPartyListed[n.Name][x] }) ||
+			slices.ContainsFunc(n.Status.VolumesAttached, func(a v1.AttachedVolume) bool {
+				return slices.Contains(v.names, string(a.Name))
+			}))
+	}
+	unread := func(va *storagev1.VolumeAttachment) bool {
+		o, ok, _ := s.inf[rAttachments].GetStore().GetByKey(va.Name)
+		return s.thirdPartyVA[va.Name] && (!ok || o.(*storagev1.VolumeAttachment).ResourceVersion != va.ResourceVersion)
 	}
 	// A node the controller has not seen yet (created again while its event
 	// is in flight) has no status it could have written.
@@ -281,7 +292,11 @@ func (s *Sim) checkHandedOver() {
 	}
 	for _, va := range s.w.attachments() {
 		n := s.w.node(va.Spec.NodeName)
-		if n == nil || !seen(n) {
+		if n == nil || !seen(n) || unread(va) {
+			continue
+		}
+		if pv := va.Spec.Source.PersistentVolumeName; pv != nil && s.w.get(rPVs, *pv) == nil {
+			// No one can tell which volume it attaches.
 			continue
 		}
 		pv := attachmentVolume(va)

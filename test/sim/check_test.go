@@ -125,7 +125,7 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 		}, "I8"},
 		{"I8: none once announced to the pod", func(s *Sim) {
 			attachedByController(s)
-			(&recorder{s: s}).Event(&v1.ObjectReference{Kind: "Pod", Namespace: ns, Name: "p-1"}, v1.EventTypeNormal,
+			(&recorder{s: s}).Event(&v1.ObjectReference{Kind: "Pod", Namespace: ns, Name: "p-1", UID: s.w.get(rPods, ns+"/p-1").GetUID()}, v1.EventTypeNormal,
 				"SuccessfulAttachVolume", `AttachVolume.Attach succeeded for volume "rwo-0" `)
 			s.checkQuiet()
 		}, ""},

@@ -38,10 +38,19 @@ type Config struct {
 	APIFailure, APILostAnswer float64
 	// Restart is the weight of a controller restart among the actions.
 	Restart float64
+	// Relist is the weight of an informer's watch breaking (it lists
+	// again: tombstones, skipped versions) among the actions; ThirdParty,
+	// of a write by someone else than the controller, the workload and the
+	// attachers (VolumeAttachments deleted and created, node status
+	// patched, the managed annotation removed for a while).
+	Relist, ThirdParty float64
 	// MaxWaitForUnmount as the controller's flag.
 	MaxWaitForUnmount time.Duration
 	// Trace keeps every step's trace line, not only the last ones.
 	Trace bool
+	// Explain names a PV whose explanation (Controller.Explain, on every
+	// node) is traced after each step with faults.
+	Explain string
 }
 
 // DefaultConfig is what `make test` runs for each seed.
@@ -49,7 +58,7 @@ func DefaultConfig() Config {
 	// A max wait for unmount shorter than the default lets forced detaches
 	// happen within a run's simulated minutes (the rule is the same).
 	return Config{Steps: 400, QuietSteps: 4000, Nodes: 3, Workers: 3, APIFailure: 0.08, APILostAnswer: 0.04,
-		Restart: 0.08, MaxWaitForUnmount: 90 * time.Second}
+		Restart: 0.08, Relist: 0.4, ThirdParty: 0.4, MaxWaitForUnmount: 90 * time.Second}
 }
 
 // Result is what a run did and found.
@@ -94,6 +103,8 @@ type Sim struct {
 	vols   []simVolume
 	intree map[string]map[string]bool // node -> in-tree unique names attached
 	podSeq int
+	// podUIDs numbers the pods' UIDs (a name may be used again).
+	podUIDs int
 	// volumeQueue is the controller's volume queue; recovery, the rebuild
 	// still reading pods (nil once done); recovered, the keys it held back
 	// and not yet queued.
@@ -110,11 +121,21 @@ type Sim struct {
 	// taintSeen and unhealthySeen: when each node last had the
 	// out-of-service taint, and was last not Ready or deleted.
 	taintSeen, unhealthySeen map[string]time.Time
-	// podNode: the node of every pod created (a pod's name is never reused);
-	// unannounced: the VolumeAttachments the running controller generation
-	// created and has not announced to a pod on their node (I8).
+	// podNode: the node of every pod created, by UID (a pod's name may be
+	// used again, its UID never); unannounced: the VolumeAttachments the
+	// running controller generation created and has not announced to a
+	// pod on their node (I8).
 	podNode     map[string]string
 	unannounced map[pair]bool
+	// thirdPartyListed: per node, the volumes a third party added to or
+	// took out of node.status.volumesAttached since the controller's last
+	// status write landed (I3, I6); flapped: the nodes whose managed
+	// annotation a third party removed, to put back.
+	thirdPartyListed map[string]map[string]bool
+	flapped          map[string]bool
+	// thirdPartyVA: the VolumeAttachments a third party created or
+	// deleted last (I6).
+	thirdPartyVA map[string]bool
 }
 
 type pair struct{ pv, node string }
@@ -125,6 +146,9 @@ func Run(seed int64, cfg Config) Result {
 	s.faults = true
 	for s.step = 1; s.step <= cfg.Steps && len(s.violations) == 0; s.step++ {
 		s.act(true)
+		if cfg.Explain != "" && s.volumeByPV(cfg.Explain) != nil {
+			s.explain(cfg.Explain)
+		}
 		s.checkEveryStep()
 		s.checkHandoff()
 	}
@@ -147,6 +171,7 @@ func newSim(seed int64, cfg Config) *Sim {
 		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
 		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]time.Time{}, podNode: map[string]string{}, unannounced: map[pair]bool{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
 		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{},
+		thirdPartyListed: map[string]map[string]bool{}, flapped: map[string]bool{}, thirdPartyVA: map[string]bool{},
 	}
 	s.ctx = s.logContext()
 	s.w = newWorld(s)
@@ -420,6 +445,13 @@ func (s *Sim) act(chaos bool) (progress bool) {
 			add(s.cfg.Restart, "graceful stop", s.gracefulStop)
 		}
 		add(0.2, "resync", s.resync)
+		add(s.cfg.Relist, "relist", s.relist)
+		if s.handoffUntil == 0 {
+			add(s.cfg.ThirdParty, "third party", s.thirdParty)
+		}
+		if len(s.flapped) > 0 {
+			add(1, "third party: managed again", s.unflap)
+		}
 	}
 	if len(cs) == 0 {
 		if at, ok := s.nextTimer(); ok {
@@ -459,8 +491,20 @@ func (s *Sim) feedRecovered() {
 func (s *Sim) deliver(r string) {
 	ev := s.w.pending[r][0]
 	s.w.pending[r] = s.w.pending[r][1:]
-	s.tracef("deliver %s %s %s", r, []string{"added", "updated", "deleted"}[ev.typ], keyOf(ev.obj.(object)))
+	s.tracef("deliver %s %s %s", r, eventNames[ev.typ], keyOf(ev.obj.(object)))
 	s.inf[r].deliver(ev)
+}
+
+// relist breaks one informer's watch: it lists again (informer.relist).
+func (s *Sim) relist() {
+	r := resources[s.rng.Intn(len(resources))]
+	s.stats["fault: informer relist"]++
+	lost := len(s.w.pending[r])
+	st := s.inf[r].relist(s.w, r)
+	for k, v := range st {
+		s.stats[k] += v
+	}
+	s.tracef("relist %s: %d events lost, %d delivered instead", r, lost, len(s.w.pending[r]))
 }
 
 func (s *Sim) resync() {
@@ -586,7 +630,7 @@ func (r *recorder) Event(obj runtimeObject, eventtype, reason, message string) {
 		// AttachVolume.Attach succeeded for volume "<pv>"
 		if _, rest, ok := strings.Cut(message, `"`); ok {
 			pv, _, _ := strings.Cut(rest, `"`)
-			delete(r.s.unannounced, pair{pv, r.s.podNode[ref.Name]})
+			delete(r.s.unannounced, pair{pv, r.s.podNode[string(ref.UID)]})
 		}
 	}
 	r.s.tracef("  event %s %s: %s", eventtype, reason, message)
@@ -623,6 +667,11 @@ func (p *iscsiPlugin) Attach(ctx context.Context, spec *volumeSpec, node string)
 		}
 		s.intree[node][string(spec.Name)] = true
 	}
+	if err == nil && s.faults && s.chance(s.cfg.APILostAnswer) {
+		s.stats["fault: API write landed, answer lost: iSCSI attach"]++
+		s.tracef("  iscsi attach %s to %s: landed, answer lost", spec.Name, node)
+		return "", fmt.Errorf("injected: iSCSI answer lost")
+	}
 	s.tracef("  iscsi attach %s to %s: %s", spec.Name, node, errText(err))
 	return dev, err
 }
@@ -641,6 +690,11 @@ func (p *iscsiPlugin) Detach(ctx context.Context, name volumeName, node string) 
 		s.checkDetachStart(s.volumeByName(string(name)).pv, node)
 	}
 	delete(s.intree[node], string(name))
+	if s.faults && s.chance(s.cfg.APILostAnswer) {
+		s.stats["fault: API write landed, answer lost: iSCSI detach"]++
+		s.tracef("  iscsi detach %s from %s: landed, answer lost", name, node)
+		return fmt.Errorf("injected: iSCSI answer lost")
+	}
 	s.tracef("  iscsi detach %s from %s: ok", name, node)
 	return intree.ISCSI{}.Detach(ctx, name, node)
 }
