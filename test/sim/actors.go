@@ -115,6 +115,7 @@ func (s *Sim) createNode(name string) {
 	delete(s.deletedNodes, name)
 	delete(s.deletedInUse, name)
 	delete(s.thirdPartyListed, name)
+	delete(s.thirdPartyRemoved, name)
 	delete(s.flapped, name)
 }
 
@@ -187,16 +188,49 @@ func (s *Sim) resolvedAt(p *v1.Pod) (time.Time, bool) {
 func (s *Sim) wanted() map[pair]bool { return s.wantedFor(0) }
 
 // wantedFor: the volume is used by a live pod on an existing node whose
-// claim was resolved at least d ago.
+// claim was resolved at least d ago; for d > 0, whose want the running
+// controller generation has had d to see: its claim and PV there to read,
+// its node there and managed, for d at a stretch since it started. (A
+// controller that never saw them cannot know which volume the pod uses, nor
+// can kubelet, to mount it.)
 func (s *Sim) wantedFor(d time.Duration) map[pair]bool {
 	out := map[pair]bool{}
+	now := s.clock.Now()
 	for _, o := range s.w.list(rPods) {
 		p := o.(*v1.Pod)
-		if t, ok := s.resolvedAt(p); ok && live(p) && s.w.node(p.Spec.NodeName) != nil && s.clock.Now().Sub(t) >= d {
+		t, ok := s.resolvedAt(p)
+		ok = ok && now.Sub(t) >= d
+		if d > 0 {
+			since, streak := s.wantStreak[string(p.UID)]
+			ok = s.wantSeen[string(p.UID)] || (streak && now.Sub(since) >= d)
+		}
+		if ok && live(p) && s.w.node(p.Spec.NodeName) != nil {
 			out[pair{podPV(p), p.Spec.NodeName}] = true
 		}
 	}
 	return out
+}
+
+// noteWants keeps, for each pod, since when its want could be read at a
+// stretch (wantStreak), and whether that lasted seenWant while the running
+// controller generation lived (wantSeen).
+func (s *Sim) noteWants() {
+	now := s.clock.Now()
+	for _, o := range s.w.list(rPods) {
+		p := o.(*v1.Pod)
+		uid := string(p.UID)
+		n := s.w.node(p.Spec.NodeName)
+		if !live(p) || n == nil || n.Annotations[managed] == "" || s.w.get(rPVCs, ns+"/c-"+podPV(p)) == nil || s.w.get(rPVs, podPV(p)) == nil {
+			delete(s.wantStreak, uid)
+			continue
+		}
+		since, ok := s.wantStreak[uid]
+		if !ok {
+			s.wantStreak[uid] = now
+		} else if now.Sub(since) >= seenWant {
+			s.wantSeen[uid] = true
+		}
+	}
 }
 
 // kubeletChange is the volumesInUse a node's kubelet would write now, or
@@ -261,25 +295,27 @@ func outOfServiceTaint(n *v1.Node) bool {
 }
 
 // attacherPending: a VolumeAttachment waits for the external-attacher.
-func (s *Sim) attacherPending() bool {
+func (s *Sim) attacherPending() bool { return len(s.attacherTodo()) > 0 }
+
+// attacherTodo returns the VolumeAttachments the external-attacher acts on
+// now: being deleted, or not attached yet, unless its attach keeps failing
+// for a while (the driver's volume still held elsewhere, say).
+func (s *Sim) attacherTodo() []*storagev1.VolumeAttachment {
+	var todo []*storagev1.VolumeAttachment
 	for _, va := range s.w.attachments() {
-		if va.DeletionTimestamp != nil || !va.Status.Attached {
-			return true
+		failing := s.faults && va.Status.AttachError != nil && s.clock.Now().Before(s.failingUntil[va.UID])
+		if va.DeletionTimestamp != nil || (!va.Status.Attached && !failing) {
+			todo = append(todo, va)
 		}
 	}
-	return false
+	return todo
 }
 
 // attacher acts on one VolumeAttachment as the CSI external-attacher does:
 // finalizer, then attached (or an attach error); on delete, detach and
 // remove the finalizer (or a detach error).
 func (s *Sim) attacher() {
-	var todo []*storagev1.VolumeAttachment
-	for _, va := range s.w.attachments() {
-		if va.DeletionTimestamp != nil || !va.Status.Attached {
-			todo = append(todo, va)
-		}
-	}
+	todo := s.attacherTodo()
 	va := todo[s.rng.Intn(len(todo))].DeepCopy()
 	if va.DeletionTimestamp != nil {
 		if s.faults && s.chance(0.15) {
@@ -306,6 +342,11 @@ func (s *Sim) attacher() {
 	if s.faults && s.chance(0.15) {
 		s.stats["fault: attach error"]++
 		va.Status.AttachError = &storagev1.VolumeError{Message: "injected attach error"}
+		if s.chance(0.5) {
+			// It keeps failing for up to a minute.
+			s.stats["fault: attach error that lasts"]++
+			s.failingUntil[va.UID] = s.clock.Now().Add(time.Duration(s.rng.Int63n(int64(time.Minute))))
+		}
 		s.tracef("attacher: attach error %s", va.Name)
 	} else {
 		va.Status.Attached, va.Status.AttachError = true, nil

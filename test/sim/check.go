@@ -49,6 +49,7 @@ import (
 // checkEveryStep checks I1 and keeps the bookkeeping I2 needs.
 func (s *Sim) checkEveryStep() {
 	s.checkSingleNode()
+	s.noteWants()
 	wanted := s.wanted()
 	now := s.clock.Now()
 	for _, o := range s.w.list(rNodes) {
@@ -267,6 +268,25 @@ func (s *Sim) explain(pv string) {
 	}
 }
 
+// explainChanges traces what the controller says of a volume on each node
+// whenever that changed.
+func (s *Sim) explainChanges(pv string) {
+	if s.ctrl == nil {
+		return
+	}
+	for _, name := range s.volumeByPV(pv).names {
+		for i := range s.cfg.Nodes {
+			k := cache.Key{Volume: volume.Name(name), Node: nodeName(i)}
+			e := s.ctrl.Explain(k)
+			line := fmt.Sprintf("%s: %s desired=%v pods=%v state=%q reported=%v error=%q", e.Action, e.Reason, e.Desired, e.Pods, e.State, e.Reported, e.Error)
+			if s.explained[k] != line {
+				s.explained[k] = line
+				s.tracef("  explain %s@%s: %s", name, k.Node, line)
+			}
+		}
+	}
+}
+
 // checkHandedOver checks I6.
 func (s *Sim) checkHandedOver() {
 	// Of a volume a third party took out of (or listed in) a node's status
@@ -284,6 +304,16 @@ func (s *Sim) checkHandedOver() {
 		o, ok, _ := s.inf[rAttachments].GetStore().GetByKey(va.Name)
 		return s.thirdPartyVA[va.Name] && (!ok || o.(*storagev1.VolumeAttachment).ResourceVersion != va.ResourceVersion)
 	}
+	// Nor can anyone tell which volume an attachment of a PV the
+	// controller does not have attaches.
+	pvUnknown := func(va *storagev1.VolumeAttachment) bool {
+		pv := va.Spec.Source.PersistentVolumeName
+		if pv == nil {
+			return false
+		}
+		_, ok, _ := s.inf[rPVs].GetStore().GetByKey(*pv)
+		return !ok || s.w.get(rPVs, *pv) == nil
+	}
 	// A node the controller has not seen yet (created again while its event
 	// is in flight) has no status it could have written.
 	seen := func(n *v1.Node) bool {
@@ -292,11 +322,7 @@ func (s *Sim) checkHandedOver() {
 	}
 	for _, va := range s.w.attachments() {
 		n := s.w.node(va.Spec.NodeName)
-		if n == nil || !seen(n) || unread(va) {
-			continue
-		}
-		if pv := va.Spec.Source.PersistentVolumeName; pv != nil && s.w.get(rPVs, *pv) == nil {
-			// No one can tell which volume it attaches.
+		if n == nil || !seen(n) || unread(va) || pvUnknown(va) {
 			continue
 		}
 		pv := attachmentVolume(va)

@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -58,7 +59,7 @@ func DefaultConfig() Config {
 	// A max wait for unmount shorter than the default lets forced detaches
 	// happen within a run's simulated minutes (the rule is the same).
 	return Config{Steps: 400, QuietSteps: 4000, Nodes: 3, Workers: 3, APIFailure: 0.08, APILostAnswer: 0.04,
-		Restart: 0.08, Relist: 0.4, ThirdParty: 0.4, MaxWaitForUnmount: 90 * time.Second}
+		Restart: 0.08, Relist: 1, ThirdParty: 0.4, MaxWaitForUnmount: 90 * time.Second}
 }
 
 // Result is what a run did and found.
@@ -116,8 +117,13 @@ type Sim struct {
 	unwantedSince map[pair]time.Time
 	wantedSince   map[pair]time.Time
 	podResolved   map[string]time.Time
-	deletedInUse  map[string][]string
-	deletedNodes  map[string]bool
+	// wantStreak and wantSeen: since when each pod's want could be read at
+	// a stretch, and whether that lasted seenWant, while the running
+	// controller generation lived (by pod UID; noteWants).
+	wantStreak   map[string]time.Time
+	wantSeen     map[string]bool
+	deletedInUse map[string][]string
+	deletedNodes map[string]bool
 	// taintSeen and unhealthySeen: when each node last had the
 	// out-of-service taint, and was last not Ready or deleted.
 	taintSeen, unhealthySeen map[string]time.Time
@@ -132,10 +138,24 @@ type Sim struct {
 	// status write landed (I3, I6); flapped: the nodes whose managed
 	// annotation a third party removed, to put back.
 	thirdPartyListed map[string]map[string]bool
-	flapped          map[string]bool
+	// thirdPartyRemoved: per node, the volumes a third party took out of
+	// its status since the controller's last status write landed.
+	thirdPartyRemoved map[string]map[string]bool
+	flapped           map[string]bool
 	// thirdPartyVA: the VolumeAttachments a third party created or
 	// deleted last (I6).
 	thirdPartyVA map[string]bool
+	// explained: the last explanation traced for each key (Config.Explain).
+	explained map[cache.Key]string
+	// failingUntil: until when the attach of a VolumeAttachment (by UID)
+	// keeps failing.
+	failingUntil map[types.UID]time.Time
+	// answeredManaged: whether the last answer to a node status write said
+	// the node is managed.
+	answeredManaged map[string]bool
+	// readUnmanaged: the node informer delivered the node unmanaged since
+	// the last answer to its status write.
+	readUnmanaged map[string]bool
 }
 
 type pair struct{ pv, node string }
@@ -147,7 +167,7 @@ func Run(seed int64, cfg Config) Result {
 	for s.step = 1; s.step <= cfg.Steps && len(s.violations) == 0; s.step++ {
 		s.act(true)
 		if cfg.Explain != "" && s.volumeByPV(cfg.Explain) != nil {
-			s.explain(cfg.Explain)
+			s.explainChanges(cfg.Explain)
 		}
 		s.checkEveryStep()
 		s.checkHandoff()
@@ -171,7 +191,7 @@ func newSim(seed int64, cfg Config) *Sim {
 		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
 		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]time.Time{}, podNode: map[string]string{}, unannounced: map[pair]bool{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
 		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{},
-		thirdPartyListed: map[string]map[string]bool{}, flapped: map[string]bool{}, thirdPartyVA: map[string]bool{},
+		thirdPartyListed: map[string]map[string]bool{}, thirdPartyRemoved: map[string]map[string]bool{}, flapped: map[string]bool{}, thirdPartyVA: map[string]bool{}, explained: map[cache.Key]string{}, failingUntil: map[types.UID]time.Time{}, answeredManaged: map[string]bool{}, readUnmanaged: map[string]bool{},
 	}
 	s.ctx = s.logContext()
 	s.w = newWorld(s)
@@ -203,6 +223,7 @@ func (s *Sim) newController() {
 	s.gen++
 	// What it recovers attached needs no announcement.
 	s.unannounced = map[pair]bool{}
+	s.wantStreak, s.wantSeen = map[string]time.Time{}, map[string]bool{}
 	s.inf = map[string]*informer{}
 	for _, r := range resources {
 		s.inf[r] = newInformer(controller.Trim)
@@ -448,6 +469,9 @@ func (s *Sim) act(chaos bool) (progress bool) {
 		add(s.cfg.Relist, "relist", s.relist)
 		if s.handoffUntil == 0 {
 			add(s.cfg.ThirdParty, "third party", s.thirdParty)
+			if len(s.stuck()) > 0 {
+				add(s.cfg.ThirdParty, "third party: unstick", s.unstick)
+			}
 		}
 		if len(s.flapped) > 0 {
 			add(1, "third party: managed again", s.unflap)
@@ -492,12 +516,26 @@ func (s *Sim) deliver(r string) {
 	ev := s.w.pending[r][0]
 	s.w.pending[r] = s.w.pending[r][1:]
 	s.tracef("deliver %s %s %s", r, eventNames[ev.typ], keyOf(ev.obj.(object)))
+	if n, ok := ev.obj.(*v1.Node); ok && n.Annotations[managed] == "" {
+		s.readUnmanaged[n.Name] = true
+	}
 	s.inf[r].deliver(ev)
 }
 
 // relist breaks one informer's watch: it lists again (informer.relist).
+// Half the time the informer is one with events on their way (breaking the
+// others makes no difference).
 func (s *Sim) relist() {
 	r := resources[s.rng.Intn(len(resources))]
+	var behind []string
+	for _, x := range resources {
+		if len(s.w.pending[x]) > 0 {
+			behind = append(behind, x)
+		}
+	}
+	if len(behind) > 0 && s.chance(0.5) {
+		r = behind[s.rng.Intn(len(behind))]
+	}
 	s.stats["fault: informer relist"]++
 	lost := len(s.w.pending[r])
 	st := s.inf[r].relist(s.w, r)

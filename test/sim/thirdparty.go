@@ -18,41 +18,58 @@ import (
 // Node without the managed annotation, put back a few steps later.
 func (s *Sim) thirdParty() {
 	switch x := s.rng.Float64(); {
-	case x < 0.4:
+	case x < 0.35:
 		s.thirdPartyDelete()
-	case x < 0.55:
+	case x < 0.5:
 		s.thirdPartyCreate()
-	case x < 0.85:
+	case x < 0.75:
 		s.thirdPartyPatchStatus()
 	default:
 		s.flap()
 	}
 }
 
-// thirdPartyDelete deletes a VolumeAttachment, most often one whose attach
-// failed while a pod on another node waits for its single-node volume.
+// thirdPartyDelete deletes a VolumeAttachment.
 func (s *Sim) thirdPartyDelete() {
-	var all, stuck []*storagev1.VolumeAttachment
-	wanted := s.wanted()
+	var all []*storagev1.VolumeAttachment
 	for _, va := range s.w.attachments() {
-		if va.DeletionTimestamp != nil {
+		if va.DeletionTimestamp == nil {
+			all = append(all, va)
+		}
+	}
+	if len(all) > 0 {
+		s.deleteAttachmentAsThirdParty(all[s.rng.Intn(len(all))])
+	}
+}
+
+// stuck returns the VolumeAttachments an admin deletes to unstick a pod: its
+// attach failed while a pod on another node waits for its single-node
+// volume (Multi-Attach).
+func (s *Sim) stuck() []*storagev1.VolumeAttachment {
+	var out []*storagev1.VolumeAttachment
+	var wanted map[pair]bool
+	for _, va := range s.w.attachments() {
+		v := s.volumeByPV(attachmentVolume(va))
+		if va.DeletionTimestamp != nil || va.Status.AttachError == nil || v == nil || !v.singleNode {
 			continue
 		}
-		all = append(all, va)
-		pv := attachmentVolume(va)
-		if v := s.volumeByPV(pv); va.Status.AttachError != nil && v != nil && v.singleNode &&
-			slices.ContainsFunc(s.nodeNames(), func(n string) bool { return n != va.Spec.NodeName && wanted[pair{pv, n}] }) {
-			stuck = append(stuck, va)
+		if wanted == nil {
+			wanted = s.wanted()
+		}
+		if slices.ContainsFunc(s.nodeNames(), func(n string) bool { return n != va.Spec.NodeName && wanted[pair{v.pv, n}] }) {
+			out = append(out, va)
 		}
 	}
-	if len(all) == 0 {
-		return
-	}
-	va := all[s.rng.Intn(len(all))]
-	if len(stuck) > 0 && s.chance(0.7) {
-		va = stuck[s.rng.Intn(len(stuck))]
-		s.stats["fault: third party deleted a VolumeAttachment with an attach error, its volume wanted elsewhere"]++
-	}
+	return out
+}
+
+func (s *Sim) unstick() {
+	st := s.stuck()
+	s.stats["fault: third party deleted a VolumeAttachment with an attach error, its volume wanted elsewhere"]++
+	s.deleteAttachmentAsThirdParty(st[s.rng.Intn(len(st))])
+}
+
+func (s *Sim) deleteAttachmentAsThirdParty(va *storagev1.VolumeAttachment) {
 	s.stats["fault: third party deleted a VolumeAttachment"]++
 	s.tracef("third party: delete VolumeAttachment %s (%s on %s)", va.Name, attachmentVolume(va), va.Spec.NodeName)
 	s.thirdPartyVA[va.Name] = true
@@ -95,42 +112,44 @@ func (s *Sim) thirdPartyCreate() {
 }
 
 // thirdPartyPatchStatus takes a volume out of a node's
-// status.volumesAttached, or lists one there.
+// status.volumesAttached, or puts back one it took out, as
+// kube-controller-manager writes the list it believes in. It lists nothing
+// the controller did not list last: kubelet would mount what it lists,
+// under a detach the controller decided on what it had written.
 func (s *Sim) thirdPartyPatchStatus() {
 	nodes := s.w.list(rNodes)
 	if len(nodes) == 0 {
 		return
 	}
 	n := nodes[s.rng.Intn(len(nodes))].(*v1.Node).DeepCopy()
+	l := n.Status.VolumesAttached
+	var removed []string
+	for name := range s.thirdPartyRemoved[n.Name] {
+		if !slices.ContainsFunc(l, func(a v1.AttachedVolume) bool { return string(a.Name) == name }) {
+			removed = append(removed, name)
+		}
+	}
+	slices.Sort(removed)
 	var name string
-	if l := n.Status.VolumesAttached; len(l) > 0 && s.chance(0.5) {
+	switch {
+	case len(removed) > 0 && (len(l) == 0 || s.chance(0.5)):
+		name = removed[s.rng.Intn(len(removed))]
+		n.Status.VolumesAttached = append(slices.Clone(l), v1.AttachedVolume{Name: v1.UniqueVolumeName(name)})
+		delete(s.thirdPartyRemoved[n.Name], name)
+		s.stats["fault: third party listed again in node status a volume it took out"]++
+		s.tracef("third party: %s listed again in node %s status", name, n.Name)
+	case len(l) > 0:
 		i := s.rng.Intn(len(l))
 		name = string(l[i].Name)
 		n.Status.VolumesAttached = slices.Delete(slices.Clone(l), i, i+1)
+		if s.thirdPartyRemoved[n.Name] == nil {
+			s.thirdPartyRemoved[n.Name] = map[string]bool{}
+		}
+		s.thirdPartyRemoved[n.Name][name] = true
 		s.stats["fault: third party took a volume out of node status"]++
 		s.tracef("third party: %s taken out of node %s status", name, n.Name)
-	} else {
-		// What it sees attached there: it lists what it would itself.
-		var names []string
-		for _, va := range s.w.attachments() {
-			if va.Spec.NodeName == n.Name && va.Status.Attached {
-				names = append(names, s.attachedName(va))
-			}
-		}
-		for x := range s.intree[n.Name] {
-			names = append(names, x)
-		}
-		names = slices.DeleteFunc(names, func(x string) bool {
-			return slices.ContainsFunc(l, func(a v1.AttachedVolume) bool { return string(a.Name) == x })
-		})
-		slices.Sort(names)
-		if len(names) == 0 {
-			return
-		}
-		name = names[s.rng.Intn(len(names))]
-		n.Status.VolumesAttached = append(slices.Clone(l), v1.AttachedVolume{Name: v1.UniqueVolumeName(name)})
-		s.stats["fault: third party listed a volume in node status"]++
-		s.tracef("third party: %s listed in node %s status", name, n.Name)
+	default:
+		return
 	}
 	if s.thirdPartyListed[n.Name] == nil {
 		s.thirdPartyListed[n.Name] = map[string]bool{}

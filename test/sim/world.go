@@ -312,6 +312,18 @@ func (w *world) patchNodeStatus(name string, patch []byte) (runtime.Object, erro
 	if err := json.Unmarshal(patch, &fields); err != nil || len(fields) != 1 || len(fields["status"]) != 1 {
 		w.s.violate("API", "node status patch touches more than status.volumesAttached: %s", patch)
 	}
+	isManaged := n.Annotations[managed] != ""
+	if o, ok, _ := w.s.inf[rNodes].GetStore().GetByKey(name); ok {
+		cached := o.(*v1.Node).Annotations[managed] != ""
+		if cached != isManaged {
+			w.s.stats["status write answer: a change of management not read yet"]++
+		}
+		if was, ok := w.s.answeredManaged[name]; ok && !was && isManaged && cached && !w.s.readUnmanaged[name] {
+			w.s.stats["status write answers: management gone and back, not read yet"]++
+		}
+	}
+	w.s.answeredManaged[name] = isManaged
+	w.s.readUnmanaged[name] = false
 	n = n.DeepCopy()
 	n.Status.VolumesAttached = p.Status.VolumesAttached
 	if !w.update(rNodes, n) {
@@ -321,6 +333,7 @@ func (w *world) patchNodeStatus(name string, patch []byte) (runtime.Object, erro
 	// The controller's own write replaces the whole list: what a third
 	// party listed is now the controller's doing.
 	delete(w.s.thirdPartyListed, name)
+	delete(w.s.thirdPartyRemoved, name)
 	return w.node(name).DeepCopy(), nil
 }
 
@@ -431,6 +444,10 @@ func (i *informer) relist(w *world, resource string) (stats map[string]int) {
 			cached, _, _ := i.indexer.GetByKey(k)
 			evs = append(evs, event{typ: tombstone, obj: cached.(runtime.Object), at: now})
 			stats["relist: delete delivered as a tombstone with a stale object"]++
+			if n, ok := cached.(*v1.Node); ok && w.s.deletedNodes[k] &&
+				slices.ContainsFunc(w.s.deletedInUse[k], func(u string) bool { return !slices.Contains(n.Status.VolumesInUse, v1.UniqueVolumeName(u)) }) {
+				stats["relist: node tombstone without a volume mounted when it went"]++
+			}
 		}
 	}
 	for _, o := range w.list(resource) {
