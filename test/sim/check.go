@@ -200,14 +200,14 @@ func (s *Sim) checkQuiet() {
 		if v.singleNode && len(nodes) == 1 && wanted[pair{p.pv, nodes[0]}] {
 			continue
 		}
-		s.violate("I4", "quiet, but %s is not attached to %s where a live pod wants it (attached to %v)", p.pv, p.node, nodes)
+		s.violate("I4", "quiet, but %s is not attached to %s where a live pod wants it (attached to %v)%s", p.pv, p.node, nodes, s.says(p.pv, p.node))
 		s.explain(p.pv)
 	}
 	// Nothing unwanted is attached.
 	for pv, nodes := range attached {
 		for _, node := range nodes {
 			if !wanted[pair{pv, node}] {
-				s.violate("I4", "quiet, but %s stays attached to %s where no live pod wants it", pv, node)
+				s.violate("I4", "quiet, but %s stays attached to %s where no live pod wants it%s", pv, node, s.says(pv, node))
 				s.explain(pv)
 			}
 		}
@@ -235,7 +235,7 @@ func (s *Sim) checkQuiet() {
 	}
 	for _, va := range s.w.attachments() {
 		p := pair{attachmentVolume(va), va.Spec.NodeName}
-		if va.Status.Attached && va.DeletionTimestamp == nil && wanted[p] && s.unannounced[p] {
+		if va.Status.Attached && va.DeletionTimestamp == nil && wanted[p] && s.unannounced[p] == va.UID {
 			s.violate("I8", "quiet, but the attach of %s to %s, attached for a live pod there, was never announced", p.pv, p.node)
 		}
 	}
@@ -251,6 +251,20 @@ func (s *Sim) attachedName(va *storagev1.VolumeAttachment) string {
 		}
 	}
 	return fmt.Sprintf("?%s", va.Name)
+}
+
+// says is what the controller says it does with a volume on a node, under
+// the volume's first name it has an opinion about, for a violation's text.
+func (s *Sim) says(pv, node string) string {
+	if s.ctrl == nil {
+		return ""
+	}
+	for _, name := range s.volumeByPV(pv).names {
+		if e := s.ctrl.Explain(cache.Key{Volume: volume.Name(name), Node: node}); e.State != "" || e.Desired {
+			return fmt.Sprintf("; the controller: %s: %s", e.Action, e.Reason)
+		}
+	}
+	return "; the controller knows nothing of it"
 }
 
 // explain traces what the controller says of a volume on every node.

@@ -39,9 +39,9 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 	// by an attach of the running controller, not announced yet.
 	attachedByController := func(s *Sim) {
 		s.createPod("rwo-0", nodeName(0))
-		attach(s, nodeName(0))
+		va := attach(s, nodeName(0))
 		setNode(s, nodeName(0), listed)
-		s.unannounced[pair{"rwo-0", nodeName(0)}] = true
+		s.unannounced[pair{"rwo-0", nodeName(0)}] = va.UID
 	}
 	notReady := func(n *v1.Node) {
 		n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionFalse}}
@@ -177,6 +177,12 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			attachedByController(s)
 			s.checkQuiet()
 		}, "I8"},
+		{"I8: none for one created again by someone else after the controller's was gone", func(s *Sim) {
+			attachedByController(s)
+			s.w.remove(rAttachments, "planted-"+nodeName(0))
+			attach(s, nodeName(0))
+			s.checkQuiet()
+		}, ""},
 		{"I8: none once announced to the pod", func(s *Sim) {
 			attachedByController(s)
 			(&recorder{s: s}).Event(&v1.ObjectReference{Kind: "Pod", Namespace: ns, Name: "p-1", UID: s.w.get(rPods, ns+"/p-1").GetUID()}, v1.EventTypeNormal,

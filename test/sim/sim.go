@@ -59,7 +59,7 @@ func DefaultConfig() Config {
 	// A max wait for unmount shorter than the default lets forced detaches
 	// happen within a run's simulated minutes (the rule is the same).
 	return Config{Steps: 400, QuietSteps: 4000, Nodes: 3, Workers: 3, APIFailure: 0.08, APILostAnswer: 0.04,
-		Restart: 0.08, Relist: 1, ThirdParty: 0.4, MaxWaitForUnmount: 90 * time.Second}
+		Restart: 0.08, Relist: 1.5, ThirdParty: 0.6, MaxWaitForUnmount: 90 * time.Second}
 }
 
 // Result is what a run did and found.
@@ -128,11 +128,11 @@ type Sim struct {
 	// out-of-service taint, and was last not Ready or deleted.
 	taintSeen, unhealthySeen map[string]time.Time
 	// podNode: the node of every pod created, by UID (a pod's name may be
-	// used again, its UID never); unannounced: the VolumeAttachments the
-	// running controller generation created and has not announced to a
-	// pod on their node (I8).
+	// used again, its UID never); unannounced: the VolumeAttachments (their
+	// UIDs) the running controller generation created and has not
+	// announced to a pod on their node (I8).
 	podNode     map[string]string
-	unannounced map[pair]bool
+	unannounced map[pair]types.UID
 	// thirdPartyListed: per node, the volumes a third party added to or
 	// took out of node.status.volumesAttached since the controller's last
 	// status write landed (I3, I6); flapped: the nodes whose managed
@@ -189,7 +189,7 @@ func newSim(seed int64, cfg Config) *Sim {
 		cfg: cfg, seed: seed, rng: rand.New(rand.NewSource(seed)),
 		clock:   clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
 		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
-		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]time.Time{}, podNode: map[string]string{}, unannounced: map[pair]bool{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
+		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]time.Time{}, podNode: map[string]string{}, unannounced: map[pair]types.UID{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
 		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{},
 		thirdPartyListed: map[string]map[string]bool{}, thirdPartyRemoved: map[string]map[string]bool{}, flapped: map[string]bool{}, thirdPartyVA: map[string]bool{}, explained: map[cache.Key]string{}, failingUntil: map[types.UID]time.Time{}, answeredManaged: map[string]bool{}, readUnmanaged: map[string]bool{},
 	}
@@ -222,7 +222,7 @@ func (s *Sim) violate(inv, format string, args ...any) {
 func (s *Sim) newController() {
 	s.gen++
 	// What it recovers attached needs no announcement.
-	s.unannounced = map[pair]bool{}
+	s.unannounced = map[pair]types.UID{}
 	s.wantStreak, s.wantSeen = map[string]time.Time{}, map[string]bool{}
 	s.inf = map[string]*informer{}
 	for _, r := range resources {

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -53,12 +54,14 @@ func TestSimulation(t *testing.T) {
 		failed++
 		t.Logf("seed %d, step %d: %s", res.Seed, res.Steps, strings.Join(res.Violations, "; "))
 		inv, _, _ := strings.Cut(res.Violations[0], ":")
-		x := tallies[inv]
-		if x == nil {
-			x = &tally{first: res.Seed, nth: int(res.Seed) - first + 1, msg: res.Violations[0]}
-			tallies[inv] = x
+		for _, k := range []string{inv, "  " + shape(res.Violations[0])} {
+			x := tallies[k]
+			if x == nil {
+				x = &tally{first: res.Seed, nth: int(res.Seed) - first + 1, msg: res.Violations[0]}
+				tallies[k] = x
+			}
+			x.seeds = append(x.seeds, res.Seed)
 		}
-		x.seeds = append(x.seeds, res.Seed)
 	}
 	var keys []string
 	for k := range totals {
@@ -74,8 +77,20 @@ func TestSimulation(t *testing.T) {
 		invs = append(invs, k)
 	}
 	slices.Sort(invs)
+	// Each invariant, then the shapes of its violations.
+	order := func(k string) string {
+		if strings.HasPrefix(k, " ") {
+			return strings.TrimSpace(k)[:2] + "1" + k
+		}
+		return k + "0"
+	}
+	slices.SortFunc(invs, func(a, b string) int { return strings.Compare(order(a), order(b)) })
 	for _, inv := range invs {
 		x := tallies[inv]
+		if strings.HasPrefix(inv, " ") {
+			fmt.Fprintf(&b, "\n    %d seeds, first %d: %s\n      seeds: %v", len(x.seeds), x.first, strings.TrimSpace(inv), x.seeds[:min(len(x.seeds), 30)])
+			continue
+		}
 		fmt.Fprintf(&b, "\n  violations %s: %d seeds, first seed %d (the %dth run): %s\n    seeds: %v",
 			inv, len(x.seeds), x.first, x.nth, x.msg, x.seeds[:min(len(x.seeds), 30)])
 	}
@@ -83,6 +98,27 @@ func TestSimulation(t *testing.T) {
 	if failed > 0 {
 		t.Errorf("%d of %d seeds broke an invariant", failed, n)
 	}
+}
+
+// shape is a violation's text with its names and numbers left out: the
+// seeds that broke an invariant the same way share one.
+func shape(v string) string {
+	inv, v, _ := strings.Cut(v, ":")
+	for _, re := range shapes {
+		v = re.re.ReplaceAllString(v, re.with)
+	}
+	return inv + ":" + v
+}
+
+var shapes = []struct {
+	re   *regexp.Regexp
+	with string
+}{
+	{regexp.MustCompile(`kubernetes\.io/[^\s\]]+`), "V"},
+	{regexp.MustCompile(`\b(rwo-0|rwo-1|rwop|rwx|rwo-rox|iscsi|ebs)\b`), "V"},
+	{regexp.MustCompile(`\bnode-\d+`), "N"},
+	{regexp.MustCompile(`\b(N, )+N\b`), "N..."},
+	{regexp.MustCompile(`[0-9][0-9hms.]*`), "#"},
 }
 
 // tally is what the seeds that broke one invariant have in common: the
