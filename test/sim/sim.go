@@ -47,6 +47,10 @@ type Config struct {
 	Relist, ThirdParty float64
 	// MaxWaitForUnmount as the controller's flag.
 	MaxWaitForUnmount time.Duration
+	// SyncPeriod as --attach-detach-reconcile-sync-period: how often the
+	// running controller compares its attachments with the
+	// VolumeAttachments (Controller.Resync).
+	SyncPeriod time.Duration
 	// Trace keeps every step's trace line, not only the last ones.
 	Trace bool
 	// Explain names a PV whose explanation (Controller.Explain, on every
@@ -59,7 +63,7 @@ func DefaultConfig() Config {
 	// A max wait for unmount shorter than the default lets forced detaches
 	// happen within a run's simulated minutes (the rule is the same).
 	return Config{Steps: 400, QuietSteps: 4000, Nodes: 3, Workers: 3, APIFailure: 0.08, APILostAnswer: 0.04,
-		Restart: 0.08, Relist: 1.5, ThirdParty: 0.6, MaxWaitForUnmount: 90 * time.Second}
+		Restart: 0.08, Relist: 1.5, ThirdParty: 0.6, MaxWaitForUnmount: 90 * time.Second, SyncPeriod: time.Minute}
 }
 
 // Result is what a run did and found.
@@ -150,6 +154,11 @@ type Sim struct {
 	// failingUntil: until when the attach of a VolumeAttachment (by UID)
 	// keeps failing.
 	failingUntil map[types.UID]time.Time
+	// resyncAt: when the running controller's periodic sync runs next
+	// (zero: not started, as in Run before every pod is read);
+	// resyncedQuiet: it ran since the last other action.
+	resyncAt      time.Time
+	resyncedQuiet bool
 	// answeredManaged: whether the last answer to a node status write said
 	// the node is managed.
 	answeredManaged map[string]bool
@@ -287,6 +296,7 @@ func (s *Sim) newController() {
 	list(rPVCs)
 	s.recovery = rec
 	s.recovered = nil
+	s.resyncAt = time.Time{}
 	s.workers[controller.QueuePods] = 1
 	s.tracef("controller generation %d started, reading pods", s.gen)
 }
@@ -305,6 +315,8 @@ func (s *Sim) readPods() {
 	s.recovered = s.recovery.Finish(s.ctx)
 	s.sortRecovered()
 	s.recovery = nil
+	// Run starts its periodic sync now, and runs it at once.
+	s.resyncAt = s.clock.Now()
 	s.workers[controller.QueuePods] = 2
 	s.tracef("every pod read, %d recovered volume keys to queue", len(s.recovered))
 }
@@ -451,6 +463,9 @@ func (s *Sim) act(chaos bool) (progress bool) {
 	if s.attacherPending() {
 		add(2, "attacher", s.attacher)
 	}
+	if !s.resyncAt.IsZero() && !s.clock.Now().Before(s.resyncAt) {
+		add(3, "periodic sync", s.periodicSync)
+	}
 	for _, n := range s.w.list(rNodes) {
 		if s.kubeletChange(n.(*v1.Node)) != nil {
 			add(1.5, "kubelet", func() { s.kubelet(n.GetName()) })
@@ -482,6 +497,13 @@ func (s *Sim) act(chaos bool) (progress bool) {
 			s.advance(at.Sub(s.clock.Now()))
 			return true
 		}
+		if !s.resyncAt.IsZero() && !s.resyncedQuiet {
+			// Nothing left but the periodic sync: it runs once more
+			// before the run counts as quiet.
+			s.advance(s.resyncAt.Sub(s.clock.Now()))
+			s.periodicSync()
+			return true
+		}
 		return false
 	}
 	if !chaos && len(cs) == 0 {
@@ -492,14 +514,28 @@ func (s *Sim) act(chaos bool) (progress bool) {
 		total += c.weight
 	}
 	x := s.rng.Float64() * total
-	for _, c := range cs {
-		if x -= c.weight; x < 0 {
-			c.do()
-			return true
+	c := cs[len(cs)-1]
+	for _, y := range cs {
+		if x -= y.weight; x < 0 {
+			c = y
+			break
 		}
 	}
-	cs[len(cs)-1].do()
+	if c.name != "periodic sync" {
+		s.resyncedQuiet = false
+	}
+	c.do()
 	return true
+}
+
+// periodicSync runs the controller's periodic sync, as Run does every
+// SyncPeriod once every pod is read.
+func (s *Sim) periodicSync() {
+	s.stats["periodic sync"]++
+	s.tracef("periodic sync")
+	s.ctrl.Resync(s.ctx)
+	s.resyncAt = s.clock.Now().Add(s.cfg.SyncPeriod)
+	s.resyncedQuiet = true
 }
 
 // feedRecovered queues the next 1 to 4 volume keys recovery held back.
