@@ -316,10 +316,10 @@ func (w *world) patchNodeStatus(name string, patch []byte) (runtime.Object, erro
 	if o, ok, _ := w.s.inf[rNodes].GetStore().GetByKey(name); ok {
 		cached := o.(*v1.Node).Annotations[managed] != ""
 		if cached != isManaged {
-			w.s.stats["status write answer: a change of management not read yet"]++
+			w.s.stats["fault: node status answer shows a change of management not read yet"]++
 		}
 		if was, ok := w.s.answeredManaged[name]; ok && !was && isManaged && cached && !w.s.readUnmanaged[name] {
-			w.s.stats["status write answers: management gone and back, not read yet"]++
+			w.s.stats["fault: node status answers show management gone and back, not read yet"]++
 		}
 	}
 	w.s.answeredManaged[name] = isManaged
@@ -327,7 +327,7 @@ func (w *world) patchNodeStatus(name string, patch []byte) (runtime.Object, erro
 	n = n.DeepCopy()
 	n.Status.VolumesAttached = p.Status.VolumesAttached
 	if !w.update(rNodes, n) {
-		w.s.stats["no-op write: node status patch changed nothing (no event)"]++
+		w.s.stats["fault: write that changes nothing (no new version, no event): node status"]++
 		w.s.tracef("  patch nodes/status %s changes nothing: no new version, no event", name)
 	}
 	// The controller's own write replaces the whole list: what a third
@@ -443,10 +443,10 @@ func (i *informer) relist(w *world, resource string) (stats map[string]int) {
 		if w.get(resource, k) == nil {
 			cached, _, _ := i.indexer.GetByKey(k)
 			evs = append(evs, event{typ: tombstone, obj: cached.(runtime.Object), at: now})
-			stats["relist: delete delivered as a tombstone with a stale object"]++
+			stats["fault: informer relist: a delete as a tombstone with a stale object"]++
 			if n, ok := cached.(*v1.Node); ok && w.s.deletedNodes[k] &&
 				slices.ContainsFunc(w.s.deletedInUse[k], func(u string) bool { return !slices.Contains(n.Status.VolumesInUse, v1.UniqueVolumeName(u)) }) {
-				stats["relist: node tombstone without a volume mounted when it went"]++
+				stats["fault: informer relist: a node's tombstone without a volume mounted when it went"]++
 			}
 		}
 	}
@@ -454,13 +454,13 @@ func (i *informer) relist(w *world, resource string) (stats map[string]int) {
 		cached, ok, _ := i.indexer.GetByKey(keyOf(o))
 		switch {
 		case !ok:
-			stats["relist: object delivered as an add"]++
+			stats["fault: informer relist: an object as an add"]++
 		case cached.(object).GetResourceVersion() == o.GetResourceVersion():
 			continue
 		case cached.(object).GetUID() != o.GetUID():
-			stats["relist: object created again delivered as an update with a new UID"]++
+			stats["fault: informer relist: an object created again as an update with a new UID"]++
 		default:
-			stats["relist: versions skipped, delivered as one update"]++
+			stats["fault: informer relist: versions skipped in one update"]++
 		}
 		evs = append(evs, event{typ: replaced, obj: o.DeepCopyObject(), at: now})
 	}
