@@ -90,12 +90,21 @@ func (s *Sim) setup() {
 	}
 	s.w.create(rCSIDrivers, &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: csiDriver}})
 	for _, v := range s.vols {
-		pv := &v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: v.pv},
-			Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v.source, AccessModes: v.modes}}
-		s.w.create(rPVs, pv)
+		s.createPV(v)
 		s.createClaim(v.pv)
 	}
 	s.w.pending = map[string][]event{}
+}
+
+// createPV creates v's PV (a new UID), bound to its claim if that exists.
+func (s *Sim) createPV(v simVolume) {
+	pv := &v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: v.pv},
+		Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v.source, AccessModes: v.modes}}
+	if pvc := s.w.get(rPVCs, ns+"/c-"+v.pv); pvc != nil {
+		pv.Spec.ClaimRef = &v1.ObjectReference{Namespace: ns, Name: pvc.GetName(), UID: pvc.GetUID()}
+		pv.Status.Phase = v1.VolumeBound
+	}
+	s.w.create(rPVs, pv)
 }
 
 func (s *Sim) createNode(name string) {
@@ -105,6 +114,9 @@ func (s *Sim) createNode(name string) {
 	})
 	delete(s.deletedNodes, name)
 	delete(s.deletedInUse, name)
+	delete(s.thirdPartyListed, name)
+	delete(s.thirdPartyRemoved, name)
+	delete(s.flapped, name)
 }
 
 func (s *Sim) createCSINode(name string) {
@@ -123,7 +135,12 @@ func (s *Sim) createClaim(pvName string) {
 		Spec:       v1.PersistentVolumeClaimSpec{VolumeName: pvName},
 		Status:     v1.PersistentVolumeClaimStatus{Phase: v1.ClaimBound},
 	})
-	pv := s.w.get(rPVs, pvName).(*v1.PersistentVolume).DeepCopy()
+	o := s.w.get(rPVs, pvName)
+	if o == nil {
+		// Bound when its PV is created again.
+		return
+	}
+	pv := o.(*v1.PersistentVolume).DeepCopy()
 	pv.Spec.ClaimRef = &v1.ObjectReference{Namespace: ns, Name: pvc.GetName(), UID: pvc.GetUID()}
 	pv.Status.Phase = v1.VolumeBound
 	s.w.update(rPVs, pv)
@@ -148,19 +165,19 @@ func live(p *v1.Pod) bool {
 
 func podPV(p *v1.Pod) string { return p.Annotations["sim/pv"] }
 
-// resolved: the pod's claim existed at some moment while the pod lived, so
-// its kubelet knows the volume (a pod whose claim never existed mounts
-// nothing).
+// resolved: the pod's claim and its PV existed at some moment while the
+// pod lived, so its kubelet knows the volume (a pod whose claim or PV never
+// existed mounts nothing).
 func (s *Sim) resolved(p *v1.Pod) bool {
 	_, ok := s.resolvedAt(p)
 	return ok
 }
 
-// resolvedAt is when the pod's claim was first seen to exist while the pod
-// lived.
+// resolvedAt is when the pod's claim and PV were first seen to exist while
+// the pod lived.
 func (s *Sim) resolvedAt(p *v1.Pod) (time.Time, bool) {
-	k := keyOf(p)
-	if _, ok := s.podResolved[k]; !ok && s.w.get(rPVCs, ns+"/c-"+podPV(p)) != nil {
+	k := string(p.UID)
+	if _, ok := s.podResolved[k]; !ok && s.w.get(rPVCs, ns+"/c-"+podPV(p)) != nil && s.w.get(rPVs, podPV(p)) != nil {
 		s.podResolved[k] = s.clock.Now()
 	}
 	t, ok := s.podResolved[k]
@@ -171,16 +188,49 @@ func (s *Sim) resolvedAt(p *v1.Pod) (time.Time, bool) {
 func (s *Sim) wanted() map[pair]bool { return s.wantedFor(0) }
 
 // wantedFor: the volume is used by a live pod on an existing node whose
-// claim was resolved at least d ago.
+// claim was resolved at least d ago; for d > 0, whose want the running
+// controller generation has had d to see: its claim and PV there to read,
+// its node there and managed, for d at a stretch since it started. (A
+// controller that never saw them cannot know which volume the pod uses, nor
+// can kubelet, to mount it.)
 func (s *Sim) wantedFor(d time.Duration) map[pair]bool {
 	out := map[pair]bool{}
+	now := s.clock.Now()
 	for _, o := range s.w.list(rPods) {
 		p := o.(*v1.Pod)
-		if t, ok := s.resolvedAt(p); ok && live(p) && s.w.node(p.Spec.NodeName) != nil && s.clock.Now().Sub(t) >= d {
+		t, ok := s.resolvedAt(p)
+		ok = ok && now.Sub(t) >= d
+		if d > 0 {
+			since, streak := s.wantStreak[string(p.UID)]
+			ok = s.wantSeen[string(p.UID)] || (streak && now.Sub(since) >= d)
+		}
+		if ok && live(p) && s.w.node(p.Spec.NodeName) != nil {
 			out[pair{podPV(p), p.Spec.NodeName}] = true
 		}
 	}
 	return out
+}
+
+// noteWants keeps, for each pod, since when its want could be read at a
+// stretch (wantStreak), and whether that lasted seenWant while the running
+// controller generation lived (wantSeen).
+func (s *Sim) noteWants() {
+	now := s.clock.Now()
+	for _, o := range s.w.list(rPods) {
+		p := o.(*v1.Pod)
+		uid := string(p.UID)
+		n := s.w.node(p.Spec.NodeName)
+		if !live(p) || n == nil || n.Annotations[managed] == "" || s.w.get(rPVCs, ns+"/c-"+podPV(p)) == nil || s.w.get(rPVs, podPV(p)) == nil {
+			delete(s.wantStreak, uid)
+			continue
+		}
+		since, ok := s.wantStreak[uid]
+		if !ok {
+			s.wantStreak[uid] = now
+		} else if now.Sub(since) >= seenWant {
+			s.wantSeen[uid] = true
+		}
+	}
 }
 
 // kubeletChange is the volumesInUse a node's kubelet would write now, or
@@ -245,25 +295,27 @@ func outOfServiceTaint(n *v1.Node) bool {
 }
 
 // attacherPending: a VolumeAttachment waits for the external-attacher.
-func (s *Sim) attacherPending() bool {
+func (s *Sim) attacherPending() bool { return len(s.attacherTodo()) > 0 }
+
+// attacherTodo returns the VolumeAttachments the external-attacher acts on
+// now: being deleted, or not attached yet, unless its attach keeps failing
+// for a while (the driver's volume still held elsewhere, say).
+func (s *Sim) attacherTodo() []*storagev1.VolumeAttachment {
+	var todo []*storagev1.VolumeAttachment
 	for _, va := range s.w.attachments() {
-		if va.DeletionTimestamp != nil || !va.Status.Attached {
-			return true
+		failing := s.faults && va.Status.AttachError != nil && s.clock.Now().Before(s.failingUntil[va.UID])
+		if va.DeletionTimestamp != nil || (!va.Status.Attached && !failing) {
+			todo = append(todo, va)
 		}
 	}
-	return false
+	return todo
 }
 
 // attacher acts on one VolumeAttachment as the CSI external-attacher does:
 // finalizer, then attached (or an attach error); on delete, detach and
 // remove the finalizer (or a detach error).
 func (s *Sim) attacher() {
-	var todo []*storagev1.VolumeAttachment
-	for _, va := range s.w.attachments() {
-		if va.DeletionTimestamp != nil || !va.Status.Attached {
-			todo = append(todo, va)
-		}
-	}
+	todo := s.attacherTodo()
 	va := todo[s.rng.Intn(len(todo))].DeepCopy()
 	if va.DeletionTimestamp != nil {
 		if s.faults && s.chance(0.15) {
@@ -278,9 +330,23 @@ func (s *Sim) attacher() {
 		return
 	}
 	va.Finalizers = []string{"external-attacher/" + va.Spec.Attacher}
+	if pv := va.Spec.Source.PersistentVolumeName; pv != nil && s.w.get(rPVs, *pv) == nil {
+		// The attacher reads the volume's handle from its PV.
+		va.Status.AttachError = &storagev1.VolumeError{Message: "persistentvolume " + *pv + " not found"}
+		s.tracef("attacher: attach error %s, its PV is missing", va.Name)
+		if !s.w.update(rAttachments, va) {
+			s.tracef("attacher: %s unchanged", va.Name)
+		}
+		return
+	}
 	if s.faults && s.chance(0.15) {
 		s.stats["fault: attach error"]++
 		va.Status.AttachError = &storagev1.VolumeError{Message: "injected attach error"}
+		if s.chance(0.5) {
+			// It keeps failing for up to a minute.
+			s.stats["fault: attach error that lasts"]++
+			s.failingUntil[va.UID] = s.clock.Now().Add(time.Duration(s.rng.Int63n(int64(time.Minute))))
+		}
 		s.tracef("attacher: attach error %s", va.Name)
 	} else {
 		va.Status.Attached, va.Status.AttachError = true, nil
@@ -304,7 +370,7 @@ func (s *Sim) workload() {
 	}
 	nodes := s.w.list(rNodes)
 	pick := func(n int) int { return s.rng.Intn(n) }
-	switch x := s.rng.Float64() * 20; {
+	switch x := s.rng.Float64() * 22; {
 	case x < 5 && len(nodes) > 0:
 		// The scheduler places pods on Ready nodes without the
 		// out-of-service taint (they may change right after).
@@ -373,20 +439,7 @@ func (s *Sim) workload() {
 		n := nodes[pick(len(nodes))].(*v1.Node)
 		s.stats["fault: node deleted"]++
 		s.tracef("workload: node %s deleted", n.Name)
-		s.deletedNodes[n.Name] = true
-		var inUse []string
-		for _, v := range n.Status.VolumesInUse {
-			inUse = append(inUse, string(v))
-		}
-		s.deletedInUse[n.Name] = inUse
-		s.w.remove(rNodes, n.Name)
-		// The pod garbage collector deletes the pods bound to a node
-		// that no longer exists.
-		for _, o := range s.w.list(rPods) {
-			if o.(*v1.Pod).Spec.NodeName == n.Name {
-				s.w.remove(rPods, keyOf(o))
-			}
-		}
+		s.deleteNode(n)
 	case x < 15.5:
 		for i := range s.cfg.Nodes {
 			if name := nodeName(i); s.w.node(name) == nil {
@@ -405,7 +458,7 @@ func (s *Sim) workload() {
 			s.tracef("workload: CSINode %s created", name)
 			s.createCSINode(name)
 		}
-	default:
+	case x < 20:
 		v := s.vols[pick(len(s.vols))]
 		if s.w.get(rPVCs, ns+"/c-"+v.pv) != nil {
 			s.stats["fault: claim deleted"]++
@@ -415,16 +468,89 @@ func (s *Sim) workload() {
 			s.tracef("workload: claim c-%s created again", v.pv)
 			s.createClaim(v.pv)
 		}
+	case x < 20.8 && len(pods) > 0 && len(nodes) > 0:
+		// A StatefulSet's pod: deleted at once and created again under
+		// its name with a new UID, with the same claim, wherever the
+		// scheduler puts it.
+		p := pods[pick(len(pods))].(*v1.Pod)
+		n := nodes[pick(len(nodes))].(*v1.Node)
+		if !ready(n) || outOfServiceTaint(n) {
+			break
+		}
+		s.stats["fault: pod created again under its name (new UID)"]++
+		if n.Name != p.Spec.NodeName {
+			s.stats["fault: pod created again under its name (new UID), on another node"]++
+		}
+		s.tracef("workload: pod %s removed at once and created again", p.Name)
+		s.w.remove(rPods, keyOf(p))
+		s.createPodNamed(p.Name, podPV(p), n.Name)
+	case x < 21.2 && len(nodes) > 1:
+		n := nodes[pick(len(nodes))].(*v1.Node)
+		s.stats["fault: node created again under its name (new UID)"]++
+		s.tracef("workload: node %s deleted and created again", n.Name)
+		s.deleteNode(n)
+		s.createNode(n.Name)
+	case x < 21.6:
+		v := s.vols[pick(len(s.vols))]
+		switch {
+		case s.w.get(rPVs, v.pv) == nil:
+			s.tracef("workload: PV %s created again", v.pv)
+			s.createPV(v)
+		case slices.ContainsFunc(s.w.attachments(), func(va *storagev1.VolumeAttachment) bool { return attachmentVolume(va) == v.pv }):
+			// The external-attacher's finalizer holds a PV while a
+			// VolumeAttachment of it exists (an admin removing the
+			// other finalizers gets no further).
+		case s.chance(0.5):
+			s.stats["fault: PV deleted"]++
+			s.tracef("workload: PV %s deleted (its finalizers removed)", v.pv)
+			s.w.remove(rPVs, v.pv)
+		default:
+			s.stats["fault: PV created again under its name (new UID)"]++
+			s.tracef("workload: PV %s deleted and created again", v.pv)
+			s.w.remove(rPVs, v.pv)
+			s.createPV(v)
+		}
+	default:
+		v := s.vols[pick(len(s.vols))]
+		if s.w.get(rPVCs, ns+"/c-"+v.pv) == nil {
+			break
+		}
+		s.stats["fault: claim created again under its name (new UID)"]++
+		s.tracef("workload: claim c-%s deleted and created again", v.pv)
+		s.w.remove(rPVCs, ns+"/c-"+v.pv)
+		s.createClaim(v.pv)
+	}
+}
+
+// deleteNode removes a Node object, and its pods as the pod garbage
+// collector does.
+func (s *Sim) deleteNode(n *v1.Node) {
+	s.deletedNodes[n.Name] = true
+	var inUse []string
+	for _, v := range n.Status.VolumesInUse {
+		inUse = append(inUse, string(v))
+	}
+	s.deletedInUse[n.Name] = inUse
+	s.w.remove(rNodes, n.Name)
+	for _, o := range s.w.list(rPods) {
+		if o.(*v1.Pod).Spec.NodeName == n.Name {
+			s.w.remove(rPods, keyOf(o))
+		}
 	}
 }
 
 func (s *Sim) createPod(pv, node string) {
 	s.podSeq++
-	name := fmt.Sprintf("p-%d", s.podSeq)
-	s.podNode[name] = node
-	s.tracef("workload: pod %s on %s uses %s", name, node, pv)
+	s.createPodNamed(fmt.Sprintf("p-%d", s.podSeq), pv, node)
+}
+
+func (s *Sim) createPodNamed(name, pv, node string) {
+	s.podUIDs++
+	uid := fmt.Sprintf("pod-%s-%d", name, s.podUIDs)
+	s.podNode[uid] = node
+	s.tracef("workload: pod %s (%s) on %s uses %s", name, uid, node, pv)
 	s.w.create(rPods, &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("pod-" + name),
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(uid),
 			Annotations: map[string]string{"sim/pv": pv}},
 		Spec: v1.PodSpec{NodeName: node, Volumes: []v1.Volume{{Name: "data",
 			VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: "c-" + pv}}}}},
@@ -445,6 +571,12 @@ func (s *Sim) heal() {
 			s.createClaim(v.pv)
 		}
 	}
+	for _, v := range s.vols {
+		if s.w.get(rPVs, v.pv) == nil {
+			s.createPV(v)
+		}
+	}
+	s.flapped = map[string]bool{}
 	for i := range s.cfg.Nodes {
 		if name := nodeName(i); s.w.node(name) != nil && s.w.get(rCSINodes, name) == nil {
 			s.createCSINode(name)
@@ -455,5 +587,5 @@ func (s *Sim) heal() {
 			s.w.update(rNodes, n)
 		}
 	}
-	s.tracef("heal: deleting pods gone, claims, CSINodes and managed nodes back; no more faults")
+	s.tracef("heal: deleting pods gone, PVs, claims, CSINodes and managed nodes back; no more faults")
 }

@@ -49,6 +49,7 @@ import (
 // checkEveryStep checks I1 and keeps the bookkeeping I2 needs.
 func (s *Sim) checkEveryStep() {
 	s.checkSingleNode()
+	s.noteWants()
 	wanted := s.wanted()
 	now := s.clock.Now()
 	for _, o := range s.w.list(rNodes) {
@@ -151,7 +152,9 @@ func (s *Sim) checkDetachStart(pv, node string) {
 	} else {
 		inUse = s.deletedInUse[node]
 	}
-	if listed(attached) {
+	// What a third party listed since the controller's last status write
+	// is not the controller's doing (if it stays, I5 finds it).
+	if listed(slices.DeleteFunc(attached, func(x string) bool { return s.thirdPartyListed[node][x] })) {
 		s.violate("I3", "detach of %s from %s started while node.status.volumesAttached lists it", pv, node)
 	}
 	if !listed(inUse) {
@@ -197,14 +200,14 @@ func (s *Sim) checkQuiet() {
 		if v.singleNode && len(nodes) == 1 && wanted[pair{p.pv, nodes[0]}] {
 			continue
 		}
-		s.violate("I4", "quiet, but %s is not attached to %s where a live pod wants it (attached to %v)", p.pv, p.node, nodes)
+		s.violate("I4", "quiet, but %s is not attached to %s where a live pod wants it (attached to %v)%s", p.pv, p.node, nodes, s.says(p.pv, p.node))
 		s.explain(p.pv)
 	}
 	// Nothing unwanted is attached.
 	for pv, nodes := range attached {
 		for _, node := range nodes {
 			if !wanted[pair{pv, node}] {
-				s.violate("I4", "quiet, but %s stays attached to %s where no live pod wants it", pv, node)
+				s.violate("I4", "quiet, but %s stays attached to %s where no live pod wants it%s", pv, node, s.says(pv, node))
 				s.explain(pv)
 			}
 		}
@@ -232,7 +235,7 @@ func (s *Sim) checkQuiet() {
 	}
 	for _, va := range s.w.attachments() {
 		p := pair{attachmentVolume(va), va.Spec.NodeName}
-		if va.Status.Attached && va.DeletionTimestamp == nil && wanted[p] && s.unannounced[p] {
+		if va.Status.Attached && va.DeletionTimestamp == nil && wanted[p] && s.unannounced[p] == va.UID {
 			s.violate("I8", "quiet, but the attach of %s to %s, attached for a live pod there, was never announced", p.pv, p.node)
 		}
 	}
@@ -250,6 +253,20 @@ func (s *Sim) attachedName(va *storagev1.VolumeAttachment) string {
 	return fmt.Sprintf("?%s", va.Name)
 }
 
+// says is what the controller says it does with a volume on a node, under
+// the volume's first name it has an opinion about, for a violation's text.
+func (s *Sim) says(pv, node string) string {
+	if s.ctrl == nil {
+		return ""
+	}
+	for _, name := range s.volumeByPV(pv).names {
+		if e := s.ctrl.Explain(cache.Key{Volume: volume.Name(name), Node: node}); e.State != "" || e.Desired {
+			return fmt.Sprintf("; the controller: %s: %s", e.Action, e.Reason)
+		}
+	}
+	return "; the controller knows nothing of it"
+}
+
 // explain traces what the controller says of a volume on every node.
 func (s *Sim) explain(pv string) {
 	if s.ctrl == nil {
@@ -265,13 +282,51 @@ func (s *Sim) explain(pv string) {
 	}
 }
 
+// explainChanges traces what the controller says of a volume on each node
+// whenever that changed.
+func (s *Sim) explainChanges(pv string) {
+	if s.ctrl == nil {
+		return
+	}
+	for _, name := range s.volumeByPV(pv).names {
+		for i := range s.cfg.Nodes {
+			k := cache.Key{Volume: volume.Name(name), Node: nodeName(i)}
+			e := s.ctrl.Explain(k)
+			line := fmt.Sprintf("%s: %s desired=%v pods=%v state=%q reported=%v error=%q", e.Action, e.Reason, e.Desired, e.Pods, e.State, e.Reported, e.Error)
+			if s.explained[k] != line {
+				s.explained[k] = line
+				s.tracef("  explain %s@%s: %s", name, k.Node, line)
+			}
+		}
+	}
+}
+
 // checkHandedOver checks I6.
 func (s *Sim) checkHandedOver() {
+	// Of a volume a third party took out of (or listed in) a node's status
+	// since the controller's last write there, or of a VolumeAttachment it
+	// created or deleted and whose event the controller has not read yet,
+	// the controller may know nothing.
 	listed := func(n *v1.Node, pv string) bool {
 		v := s.volumeByPV(pv)
-		return v != nil && slices.ContainsFunc(n.Status.VolumesAttached, func(a v1.AttachedVolume) bool {
-			return slices.Contains(v.names, string(a.Name))
-		})
+		return v != nil && (slices.ContainsFunc(v.names, func(x string) bool { return s.thirdPartyListed[n.Name][x] }) ||
+			slices.ContainsFunc(n.Status.VolumesAttached, func(a v1.AttachedVolume) bool {
+				return slices.Contains(v.names, string(a.Name))
+			}))
+	}
+	unread := func(va *storagev1.VolumeAttachment) bool {
+		o, ok, _ := s.inf[rAttachments].GetStore().GetByKey(va.Name)
+		return s.thirdPartyVA[va.Name] && (!ok || o.(*storagev1.VolumeAttachment).ResourceVersion != va.ResourceVersion)
+	}
+	// Nor can anyone tell which volume an attachment of a PV the
+	// controller does not have attaches.
+	pvUnknown := func(va *storagev1.VolumeAttachment) bool {
+		pv := va.Spec.Source.PersistentVolumeName
+		if pv == nil {
+			return false
+		}
+		_, ok, _ := s.inf[rPVs].GetStore().GetByKey(*pv)
+		return !ok || s.w.get(rPVs, *pv) == nil
 	}
 	// A node the controller has not seen yet (created again while its event
 	// is in flight) has no status it could have written.
@@ -281,7 +336,7 @@ func (s *Sim) checkHandedOver() {
 	}
 	for _, va := range s.w.attachments() {
 		n := s.w.node(va.Spec.NodeName)
-		if n == nil || !seen(n) {
+		if n == nil || !seen(n) || unread(va) || pvUnknown(va) {
 			continue
 		}
 		pv := attachmentVolume(va)

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -38,9 +39,9 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 	// by an attach of the running controller, not announced yet.
 	attachedByController := func(s *Sim) {
 		s.createPod("rwo-0", nodeName(0))
-		attach(s, nodeName(0))
+		va := attach(s, nodeName(0))
 		setNode(s, nodeName(0), listed)
-		s.unannounced[pair{"rwo-0", nodeName(0)}] = true
+		s.unannounced[pair{"rwo-0", nodeName(0)}] = va.UID
 	}
 	notReady := func(n *v1.Node) {
 		n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionFalse}}
@@ -92,6 +93,42 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			s.clock.SetTime(s.clock.Now().Add(seenWant))
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I7"},
+		{"I7: none for a pod whose claim went before the running controller started", func(s *Sim) {
+			s.createPod("rwo-0", nodeName(0))
+			attach(s, nodeName(0))
+			s.checkEveryStep()
+			s.w.remove(rPVCs, ns+"/c-rwo-0")
+			s.replace()
+			for s.recovery != nil {
+				s.readPods()
+			}
+			s.clock.SetTime(s.clock.Now().Add(time.Hour))
+			s.checkEveryStep()
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+		}, ""},
+		{"I7: a pod whose claim went after the running controller could read it", func(s *Sim) {
+			s.createPod("rwo-0", nodeName(0))
+			attach(s, nodeName(0))
+			s.checkEveryStep()
+			s.clock.SetTime(s.clock.Now().Add(seenWant))
+			s.checkEveryStep()
+			s.w.remove(rPVCs, ns+"/c-rwo-0")
+			s.checkEveryStep()
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+		}, "I7"},
+		{"I7: none for a pod whose node was unmanaged while its claim was there", func(s *Sim) {
+			setNode(s, nodeName(0), func(n *v1.Node) { n.Annotations = nil })
+			s.createPod("rwo-0", nodeName(0))
+			s.checkEveryStep()
+			s.clock.SetTime(s.clock.Now().Add(seenWant))
+			s.checkEveryStep()
+			s.w.remove(rPVCs, ns+"/c-rwo-0")
+			setNode(s, nodeName(0), func(n *v1.Node) { n.Annotations = map[string]string{managed: "true"} })
+			s.clock.SetTime(s.clock.Now().Add(seenWant))
+			s.checkEveryStep()
+			attach(s, nodeName(0))
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+		}, ""},
 		{"I7: none for a pod just created", func(s *Sim) {
 			attach(s, nodeName(0))
 			s.createPod("rwo-0", nodeName(0))
@@ -101,6 +138,23 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 		{"I3: detach while node status lists the volume", func(s *Sim) {
 			attach(s, nodeName(0))
 			setNode(s, nodeName(0), listed)
+			s.checkEveryStep()
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+		}, "I3"},
+		{"I3: none while what a third party listed since the controller's last write lists it", func(s *Sim) {
+			attach(s, nodeName(0))
+			setNode(s, nodeName(0), listed)
+			s.thirdPartyListed[nodeName(0)] = map[string]bool{rwo0: true}
+			s.checkEveryStep()
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+		}, ""},
+		{"I3: once the controller's own status write listed it again", func(s *Sim) {
+			attach(s, nodeName(0))
+			s.thirdPartyListed[nodeName(0)] = map[string]bool{rwo0: true}
+			patch, _ := json.Marshal(map[string]any{"status": map[string]any{"volumesAttached": []v1.AttachedVolume{{Name: v1.UniqueVolumeName(rwo0)}}}})
+			if _, err := s.w.patchNodeStatus(nodeName(0), patch); err != nil {
+				t.Fatal(err)
+			}
 			s.checkEveryStep()
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I3"},
@@ -123,9 +177,15 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			attachedByController(s)
 			s.checkQuiet()
 		}, "I8"},
+		{"I8: none for one created again by someone else after the controller's was gone", func(s *Sim) {
+			attachedByController(s)
+			s.w.remove(rAttachments, "planted-"+nodeName(0))
+			attach(s, nodeName(0))
+			s.checkQuiet()
+		}, ""},
 		{"I8: none once announced to the pod", func(s *Sim) {
 			attachedByController(s)
-			(&recorder{s: s}).Event(&v1.ObjectReference{Kind: "Pod", Namespace: ns, Name: "p-1"}, v1.EventTypeNormal,
+			(&recorder{s: s}).Event(&v1.ObjectReference{Kind: "Pod", Namespace: ns, Name: "p-1", UID: s.w.get(rPods, ns+"/p-1").GetUID()}, v1.EventTypeNormal,
 				"SuccessfulAttachVolume", `AttachVolume.Attach succeeded for volume "rwo-0" `)
 			s.checkQuiet()
 		}, ""},
@@ -138,6 +198,26 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			attach(s, nodeName(0))
 			s.checkHandedOver()
 		}, "I6"},
+		{"I6: none for a VolumeAttachment a third party created that the controller has not read", func(s *Sim) {
+			s.thirdPartyVA["planted-"+nodeName(0)] = true
+			attach(s, nodeName(0))
+			s.checkHandedOver()
+		}, ""},
+		{"I6: one a third party created that the controller has read", func(s *Sim) {
+			s.thirdPartyVA["planted-"+nodeName(0)] = true
+			attach(s, nodeName(0))
+			for len(s.w.pending[rAttachments]) > 0 {
+				s.deliver(rAttachments)
+			}
+			s.checkHandedOver()
+		}, "I6"},
+		{"I6: none for a VolumeAttachment whose PV the controller does not have", func(s *Sim) {
+			attach(s, nodeName(0))
+			s.w.remove(rPVs, "rwo-0")
+			s.deliver(rPVs)
+			s.createPV(*s.volumeByPV("rwo-0"))
+			s.checkHandedOver()
+		}, ""},
 		{"I6: handed over with an attach under way", func(s *Sim) {
 			va := attach(s, nodeName(0)).DeepCopy()
 			va.Status.Attached = false

@@ -58,7 +58,7 @@ func (c *attachmentClient) Create(ctx context.Context, va *storagev1.VolumeAttac
 	out, err := c.VolumeAttachmentInterface.Create(ctx, va, opts)
 	if err == nil {
 		// This controller generation's attach, to be announced (I8).
-		c.s.unannounced[pair{attachmentVolume(va), va.Spec.NodeName}] = true
+		c.s.unannounced[pair{attachmentVolume(va), va.Spec.NodeName}] = out.UID
 	}
 	return out, answered(c.s, err)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -38,10 +39,23 @@ type Config struct {
 	APIFailure, APILostAnswer float64
 	// Restart is the weight of a controller restart among the actions.
 	Restart float64
+	// Relist is the weight of an informer's watch breaking (it lists
+	// again: tombstones, skipped versions) among the actions; ThirdParty,
+	// of a write by someone else than the controller, the workload and the
+	// attachers (VolumeAttachments deleted and created, node status
+	// patched, the managed annotation removed for a while).
+	Relist, ThirdParty float64
 	// MaxWaitForUnmount as the controller's flag.
 	MaxWaitForUnmount time.Duration
+	// SyncPeriod as --attach-detach-reconcile-sync-period: how often the
+	// running controller compares its attachments with the
+	// VolumeAttachments (Controller.Resync).
+	SyncPeriod time.Duration
 	// Trace keeps every step's trace line, not only the last ones.
 	Trace bool
+	// Explain names a PV whose explanation (Controller.Explain, on every
+	// node) is traced after each step with faults.
+	Explain string
 }
 
 // DefaultConfig is what `make test` runs for each seed.
@@ -49,7 +63,7 @@ func DefaultConfig() Config {
 	// A max wait for unmount shorter than the default lets forced detaches
 	// happen within a run's simulated minutes (the rule is the same).
 	return Config{Steps: 400, QuietSteps: 4000, Nodes: 3, Workers: 3, APIFailure: 0.08, APILostAnswer: 0.04,
-		Restart: 0.08, MaxWaitForUnmount: 90 * time.Second}
+		Restart: 0.08, Relist: 1.5, ThirdParty: 0.6, MaxWaitForUnmount: 90 * time.Second, SyncPeriod: time.Minute}
 }
 
 // Result is what a run did and found.
@@ -94,6 +108,8 @@ type Sim struct {
 	vols   []simVolume
 	intree map[string]map[string]bool // node -> in-tree unique names attached
 	podSeq int
+	// podUIDs numbers the pods' UIDs (a name may be used again).
+	podUIDs int
 	// volumeQueue is the controller's volume queue; recovery, the rebuild
 	// still reading pods (nil once done); recovered, the keys it held back
 	// and not yet queued.
@@ -105,16 +121,50 @@ type Sim struct {
 	unwantedSince map[pair]time.Time
 	wantedSince   map[pair]time.Time
 	podResolved   map[string]time.Time
-	deletedInUse  map[string][]string
-	deletedNodes  map[string]bool
+	// wantStreak and wantSeen: since when each pod's want could be read at
+	// a stretch, and whether that lasted seenWant, while the running
+	// controller generation lived (by pod UID; noteWants).
+	wantStreak   map[string]time.Time
+	wantSeen     map[string]bool
+	deletedInUse map[string][]string
+	deletedNodes map[string]bool
 	// taintSeen and unhealthySeen: when each node last had the
 	// out-of-service taint, and was last not Ready or deleted.
 	taintSeen, unhealthySeen map[string]time.Time
-	// podNode: the node of every pod created (a pod's name is never reused);
-	// unannounced: the VolumeAttachments the running controller generation
-	// created and has not announced to a pod on their node (I8).
+	// podNode: the node of every pod created, by UID (a pod's name may be
+	// used again, its UID never); unannounced: the VolumeAttachments (their
+	// UIDs) the running controller generation created and has not
+	// announced to a pod on their node (I8).
 	podNode     map[string]string
-	unannounced map[pair]bool
+	unannounced map[pair]types.UID
+	// thirdPartyListed: per node, the volumes a third party added to or
+	// took out of node.status.volumesAttached since the controller's last
+	// status write landed (I3, I6); flapped: the nodes whose managed
+	// annotation a third party removed, to put back.
+	thirdPartyListed map[string]map[string]bool
+	// thirdPartyRemoved: per node, the volumes a third party took out of
+	// its status since the controller's last status write landed.
+	thirdPartyRemoved map[string]map[string]bool
+	flapped           map[string]bool
+	// thirdPartyVA: the VolumeAttachments a third party created or
+	// deleted last (I6).
+	thirdPartyVA map[string]bool
+	// explained: the last explanation traced for each key (Config.Explain).
+	explained map[cache.Key]string
+	// failingUntil: until when the attach of a VolumeAttachment (by UID)
+	// keeps failing.
+	failingUntil map[types.UID]time.Time
+	// resyncAt: when the running controller's periodic sync runs next
+	// (zero: not started, as in Run before every pod is read);
+	// resyncedQuiet: it ran since the last other action.
+	resyncAt      time.Time
+	resyncedQuiet bool
+	// answeredManaged: whether the last answer to a node status write said
+	// the node is managed.
+	answeredManaged map[string]bool
+	// readUnmanaged: the node informer delivered the node unmanaged since
+	// the last answer to its status write.
+	readUnmanaged map[string]bool
 }
 
 type pair struct{ pv, node string }
@@ -125,6 +175,9 @@ func Run(seed int64, cfg Config) Result {
 	s.faults = true
 	for s.step = 1; s.step <= cfg.Steps && len(s.violations) == 0; s.step++ {
 		s.act(true)
+		if cfg.Explain != "" && s.volumeByPV(cfg.Explain) != nil {
+			s.explainChanges(cfg.Explain)
+		}
 		s.checkEveryStep()
 		s.checkHandoff()
 	}
@@ -145,8 +198,9 @@ func newSim(seed int64, cfg Config) *Sim {
 		cfg: cfg, seed: seed, rng: rand.New(rand.NewSource(seed)),
 		clock:   clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
 		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
-		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]time.Time{}, podNode: map[string]string{}, unannounced: map[pair]bool{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
+		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]time.Time{}, podNode: map[string]string{}, unannounced: map[pair]types.UID{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
 		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{},
+		thirdPartyListed: map[string]map[string]bool{}, thirdPartyRemoved: map[string]map[string]bool{}, flapped: map[string]bool{}, thirdPartyVA: map[string]bool{}, explained: map[cache.Key]string{}, failingUntil: map[types.UID]time.Time{}, answeredManaged: map[string]bool{}, readUnmanaged: map[string]bool{},
 	}
 	s.ctx = s.logContext()
 	s.w = newWorld(s)
@@ -177,7 +231,8 @@ func (s *Sim) violate(inv, format string, args ...any) {
 func (s *Sim) newController() {
 	s.gen++
 	// What it recovers attached needs no announcement.
-	s.unannounced = map[pair]bool{}
+	s.unannounced = map[pair]types.UID{}
+	s.wantStreak, s.wantSeen = map[string]time.Time{}, map[string]bool{}
 	s.inf = map[string]*informer{}
 	for _, r := range resources {
 		s.inf[r] = newInformer(controller.Trim)
@@ -241,6 +296,7 @@ func (s *Sim) newController() {
 	list(rPVCs)
 	s.recovery = rec
 	s.recovered = nil
+	s.resyncAt = time.Time{}
 	s.workers[controller.QueuePods] = 1
 	s.tracef("controller generation %d started, reading pods", s.gen)
 }
@@ -257,9 +313,35 @@ func (s *Sim) readPods() {
 		return
 	}
 	s.recovered = s.recovery.Finish(s.ctx)
+	s.sortRecovered()
 	s.recovery = nil
+	// Run starts its periodic sync now, and runs it at once.
+	s.resyncAt = s.clock.Now()
 	s.workers[controller.QueuePods] = 2
 	s.tracef("every pod read, %d recovered volume keys to queue", len(s.recovered))
+}
+
+// sortRecovered orders the keys recovery held back as Finish does (those
+// not settled first) and, within each group, by name: Finish returns them in
+// the order the controller's maps gave them, and a seed must replay exactly.
+func (s *Sim) sortRecovered() {
+	settled := func(k cache.Key) bool {
+		e := s.ctrl.Explain(k)
+		return e.State == string(cache.Attached) && e.Reported && e.Desired
+	}
+	class := make(map[cache.Key]bool, len(s.recovered))
+	for _, k := range s.recovered {
+		class[k] = settled(k)
+	}
+	slices.SortStableFunc(s.recovered, func(a, b cache.Key) int {
+		switch {
+		case class[a] != class[b] && class[b]:
+			return -1
+		case class[a] != class[b]:
+			return 1
+		}
+		return strings.Compare(string(a.Volume)+"@"+a.Node, string(b.Volume)+"@"+b.Node)
+	})
 }
 
 // kill stops the controller as SIGKILL does: calls in flight get no answer.
@@ -381,6 +463,9 @@ func (s *Sim) act(chaos bool) (progress bool) {
 	if s.attacherPending() {
 		add(2, "attacher", s.attacher)
 	}
+	if !s.resyncAt.IsZero() && !s.clock.Now().Before(s.resyncAt) {
+		add(3, "periodic sync", s.periodicSync)
+	}
 	for _, n := range s.w.list(rNodes) {
 		if s.kubeletChange(n.(*v1.Node)) != nil {
 			add(1.5, "kubelet", func() { s.kubelet(n.GetName()) })
@@ -396,10 +481,27 @@ func (s *Sim) act(chaos bool) (progress bool) {
 			add(s.cfg.Restart, "graceful stop", s.gracefulStop)
 		}
 		add(0.2, "resync", s.resync)
+		add(s.cfg.Relist, "relist", s.relist)
+		if s.handoffUntil == 0 {
+			add(s.cfg.ThirdParty, "third party", s.thirdParty)
+			if len(s.stuck()) > 0 {
+				add(s.cfg.ThirdParty, "third party: unstick", s.unstick)
+			}
+		}
+		if len(s.flapped) > 0 {
+			add(1, "third party: managed again", s.unflap)
+		}
 	}
 	if len(cs) == 0 {
 		if at, ok := s.nextTimer(); ok {
 			s.advance(at.Sub(s.clock.Now()))
+			return true
+		}
+		if !s.resyncAt.IsZero() && !s.resyncedQuiet {
+			// Nothing left but the periodic sync: it runs once more
+			// before the run counts as quiet.
+			s.advance(s.resyncAt.Sub(s.clock.Now()))
+			s.periodicSync()
 			return true
 		}
 		return false
@@ -412,14 +514,28 @@ func (s *Sim) act(chaos bool) (progress bool) {
 		total += c.weight
 	}
 	x := s.rng.Float64() * total
-	for _, c := range cs {
-		if x -= c.weight; x < 0 {
-			c.do()
-			return true
+	c := cs[len(cs)-1]
+	for _, y := range cs {
+		if x -= y.weight; x < 0 {
+			c = y
+			break
 		}
 	}
-	cs[len(cs)-1].do()
+	if c.name != "periodic sync" {
+		s.resyncedQuiet = false
+	}
+	c.do()
 	return true
+}
+
+// periodicSync runs the controller's periodic sync, as Run does every
+// SyncPeriod once every pod is read.
+func (s *Sim) periodicSync() {
+	s.stats["periodic sync"]++
+	s.tracef("periodic sync")
+	s.ctrl.Resync(s.ctx)
+	s.resyncAt = s.clock.Now().Add(s.cfg.SyncPeriod)
+	s.resyncedQuiet = true
 }
 
 // feedRecovered queues the next 1 to 4 volume keys recovery held back.
@@ -435,8 +551,34 @@ func (s *Sim) feedRecovered() {
 func (s *Sim) deliver(r string) {
 	ev := s.w.pending[r][0]
 	s.w.pending[r] = s.w.pending[r][1:]
-	s.tracef("deliver %s %s %s", r, []string{"added", "updated", "deleted"}[ev.typ], keyOf(ev.obj.(object)))
+	s.tracef("deliver %s %s %s", r, eventNames[ev.typ], keyOf(ev.obj.(object)))
+	if n, ok := ev.obj.(*v1.Node); ok && n.Annotations[managed] == "" {
+		s.readUnmanaged[n.Name] = true
+	}
 	s.inf[r].deliver(ev)
+}
+
+// relist breaks one informer's watch: it lists again (informer.relist).
+// Half the time the informer is one with events on their way (breaking the
+// others makes no difference).
+func (s *Sim) relist() {
+	r := resources[s.rng.Intn(len(resources))]
+	var behind []string
+	for _, x := range resources {
+		if len(s.w.pending[x]) > 0 {
+			behind = append(behind, x)
+		}
+	}
+	if len(behind) > 0 && s.chance(0.5) {
+		r = behind[s.rng.Intn(len(behind))]
+	}
+	s.stats["fault: informer relist"]++
+	lost := len(s.w.pending[r])
+	st := s.inf[r].relist(s.w, r)
+	for k, v := range st {
+		s.stats[k] += v
+	}
+	s.tracef("relist %s: %d events lost, %d delivered instead", r, lost, len(s.w.pending[r]))
 }
 
 func (s *Sim) resync() {
@@ -562,7 +704,7 @@ func (r *recorder) Event(obj runtimeObject, eventtype, reason, message string) {
 		// AttachVolume.Attach succeeded for volume "<pv>"
 		if _, rest, ok := strings.Cut(message, `"`); ok {
 			pv, _, _ := strings.Cut(rest, `"`)
-			delete(r.s.unannounced, pair{pv, r.s.podNode[ref.Name]})
+			delete(r.s.unannounced, pair{pv, r.s.podNode[string(ref.UID)]})
 		}
 	}
 	r.s.tracef("  event %s %s: %s", eventtype, reason, message)
@@ -599,6 +741,11 @@ func (p *iscsiPlugin) Attach(ctx context.Context, spec *volumeSpec, node string)
 		}
 		s.intree[node][string(spec.Name)] = true
 	}
+	if err == nil && s.faults && s.chance(s.cfg.APILostAnswer) {
+		s.stats["fault: API write landed, answer lost: iSCSI attach"]++
+		s.tracef("  iscsi attach %s to %s: landed, answer lost", spec.Name, node)
+		return "", fmt.Errorf("injected: iSCSI answer lost")
+	}
 	s.tracef("  iscsi attach %s to %s: %s", spec.Name, node, errText(err))
 	return dev, err
 }
@@ -617,6 +764,11 @@ func (p *iscsiPlugin) Detach(ctx context.Context, name volumeName, node string) 
 		s.checkDetachStart(s.volumeByName(string(name)).pv, node)
 	}
 	delete(s.intree[node], string(name))
+	if s.faults && s.chance(s.cfg.APILostAnswer) {
+		s.stats["fault: API write landed, answer lost: iSCSI detach"]++
+		s.tracef("  iscsi detach %s from %s: landed, answer lost", name, node)
+		return fmt.Errorf("injected: iSCSI answer lost")
+	}
 	s.tracef("  iscsi detach %s from %s: ok", name, node)
 	return intree.ISCSI{}.Detach(ctx, name, node)
 }

@@ -9,6 +9,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -37,7 +38,16 @@ const (
 	added eventType = iota
 	updated
 	deleted
+	// replaced is an object of a relist: an update of the informer's copy,
+	// or an add (not of the initial list) when it has none.
+	replaced
+	// tombstone is a delete a relist found: the object is gone from the
+	// list, and the handlers get a DeletedFinalStateUnknown holding the
+	// informer's last copy.
+	tombstone
 )
+
+var eventNames = []string{"added", "updated", "deleted", "replaced", "deleted (tombstone)"}
 
 // event is one watch event, as an informer receives it.
 type event struct {
@@ -114,12 +124,22 @@ func (w *world) create(resource string, o object) object {
 	return o
 }
 
-// update stores the changed o and emits its event.
-func (w *world) update(resource string, o object) {
+// update stores the changed o and emits its event. A write that changes
+// nothing is no write, as etcd's store has it: no new resource version, no
+// watch event (the API answers with the object as it is). It reports
+// whether o changed the object.
+func (w *world) update(resource string, o object) bool {
+	if old := w.objects[resource][keyOf(o)]; old != nil && old.GetUID() == o.GetUID() {
+		o.SetResourceVersion(old.GetResourceVersion())
+		if apiequality.Semantic.DeepEqual(old, o) {
+			return false
+		}
+	}
 	w.rv++
 	o.SetResourceVersion(strconv.Itoa(w.rv))
 	w.objects[resource][keyOf(o)] = o
 	w.emit(resource, updated, o)
+	return true
 }
 
 // remove deletes the object at key (it is gone: finalizers done).
@@ -239,6 +259,7 @@ func (w *world) react(action k8stesting.Action) (bool, runtime.Object, error) {
 	if err == nil && s.faults && s.chance(s.cfg.APILostAnswer) {
 		// The write landed; its answer is lost.
 		s.stats["fault: API write landed, answer lost"]++
+		s.stats["fault: API write landed, answer lost: "+action.GetVerb()+" "+action.GetResource().Resource]++
 		s.tracef("  %s: landed, answer lost", what)
 		return true, nil, apierrors.NewTimeoutError("injected: answer lost", 1)
 	}
@@ -305,10 +326,29 @@ func (w *world) patchNodeStatus(name string, patch []byte) (runtime.Object, erro
 	if err := json.Unmarshal(patch, &fields); err != nil || len(fields) != 1 || len(fields["status"]) != 1 {
 		w.s.violate("API", "node status patch touches more than status.volumesAttached: %s", patch)
 	}
+	isManaged := n.Annotations[managed] != ""
+	if o, ok, _ := w.s.inf[rNodes].GetStore().GetByKey(name); ok {
+		cached := o.(*v1.Node).Annotations[managed] != ""
+		if cached != isManaged {
+			w.s.stats["fault: node status answer shows a change of management not read yet"]++
+		}
+		if was, ok := w.s.answeredManaged[name]; ok && !was && isManaged && cached && !w.s.readUnmanaged[name] {
+			w.s.stats["fault: node status answers show management gone and back, not read yet"]++
+		}
+	}
+	w.s.answeredManaged[name] = isManaged
+	w.s.readUnmanaged[name] = false
 	n = n.DeepCopy()
 	n.Status.VolumesAttached = p.Status.VolumesAttached
-	w.update(rNodes, n)
-	return n.DeepCopy(), nil
+	if !w.update(rNodes, n) {
+		w.s.stats["fault: write that changes nothing (no new version, no event): node status"]++
+		w.s.tracef("  patch nodes/status %s changes nothing: no new version, no event", name)
+	}
+	// The controller's own write replaces the whole list: what a third
+	// party listed is now the controller's doing.
+	delete(w.s.thirdPartyListed, name)
+	delete(w.s.thirdPartyRemoved, name)
+	return w.node(name).DeepCopy(), nil
 }
 
 // attachmentVolume is the unique volume name a VolumeAttachment attaches.
@@ -358,6 +398,16 @@ func (i *informer) HasSynced() bool                          { return true }
 
 // deliver applies one watch event to the cache and calls the handlers.
 func (i *informer) deliver(ev event) {
+	if ev.typ == tombstone {
+		// The informer's own copy, not transformed again (client-go
+		// transforms only what the API sends).
+		key, _ := toolscache.MetaNamespaceKeyFunc(ev.obj)
+		_ = i.indexer.Delete(ev.obj)
+		for _, h := range i.handlers {
+			h.OnDelete(toolscache.DeletedFinalStateUnknown{Key: key, Obj: ev.obj})
+		}
+		return
+	}
 	obj, err := i.transform(ev.obj.DeepCopyObject())
 	if err != nil {
 		panic(err)
@@ -386,6 +436,50 @@ func (i *informer) deliver(ev event) {
 			h.OnAdd(obj, ev.initial)
 		}
 	}
+}
+
+// relist is what the informer gets when its watch breaks and it lists
+// again, as client-go's Replace hands it over: first a delete for every
+// cached object the list lacks, its object a DeletedFinalStateUnknown
+// holding the cached (stale) copy; then every listed object whose version
+// differs from the cached one, as one update however many versions were
+// skipped (an object deleted and created again comes as an update with a
+// new UID), or as an add (not of the initial list). A listed object the
+// cache holds at the same version reaches no handler (no resync period).
+// The events still on their way in the broken watch are lost.
+func (i *informer) relist(w *world, resource string) (stats map[string]int) {
+	stats = map[string]int{}
+	now := w.s.clock.Now()
+	var evs []event
+	keys := i.indexer.ListKeys()
+	slices.Sort(keys)
+	for _, k := range keys {
+		if w.get(resource, k) == nil {
+			cached, _, _ := i.indexer.GetByKey(k)
+			evs = append(evs, event{typ: tombstone, obj: cached.(runtime.Object), at: now})
+			stats["fault: informer relist: a delete as a tombstone with a stale object"]++
+			if n, ok := cached.(*v1.Node); ok && w.s.deletedNodes[k] &&
+				slices.ContainsFunc(w.s.deletedInUse[k], func(u string) bool { return !slices.Contains(n.Status.VolumesInUse, v1.UniqueVolumeName(u)) }) {
+				stats["fault: informer relist: a node's tombstone without a volume mounted when it went"]++
+			}
+		}
+	}
+	for _, o := range w.list(resource) {
+		cached, ok, _ := i.indexer.GetByKey(keyOf(o))
+		switch {
+		case !ok:
+			stats["fault: informer relist: an object as an add"]++
+		case cached.(object).GetResourceVersion() == o.GetResourceVersion():
+			continue
+		case cached.(object).GetUID() != o.GetUID():
+			stats["fault: informer relist: an object created again as an update with a new UID"]++
+		default:
+			stats["fault: informer relist: versions skipped in one update"]++
+		}
+		evs = append(evs, event{typ: replaced, obj: o.DeepCopyObject(), at: now})
+	}
+	w.pending[resource] = evs
+	return stats
 }
 
 // resync calls the update handlers with every cached object, as an

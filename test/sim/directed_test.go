@@ -1,0 +1,89 @@
+package sim
+
+import (
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// A node's managed annotation is removed and put back while the node
+// informer is behind: each state is first seen in the answer to the
+// controller's own node status write, and a relist then hands the informer
+// the last version only (same management as it had cached). No volume may
+// be left waiting for pods to be read again. The random runs reach this
+// rarely; here it is driven step by step, with the world's own actors.
+func TestManagementSeenFirstInStatusAnswers(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Trace = true
+	s := newSim(1, cfg)
+	defer s.kill()
+	// settle runs without faults until nothing is left to do; with
+	// holdNodes, the node informer's events wait meanwhile.
+	settle := func(holdNodes bool) {
+		var held []event
+		for range cfg.QuietSteps {
+			if holdNodes {
+				held = append(held, s.w.pending[rNodes]...)
+				s.w.pending[rNodes] = nil
+			}
+			s.step++
+			if !s.act(false) {
+				break
+			}
+			s.checkEveryStep()
+		}
+		s.w.pending[rNodes] = append(held, s.w.pending[rNodes]...)
+	}
+	setManaged := func(on bool) {
+		n := s.w.node(nodeName(0)).DeepCopy()
+		n.Annotations = nil
+		if on {
+			n.Annotations = map[string]string{managed: "true"}
+		}
+		s.tracef("test: node-0 managed=%v", on)
+		s.w.update(rNodes, n)
+	}
+	settle(false)
+	s.createPod("rwx", nodeName(0))
+	s.createPod("rwo-0", nodeName(0))
+	settle(false)
+
+	// Unmanaged; an attach on the node makes a status write, whose answer
+	// is the first to say unmanaged.
+	setManaged(false)
+	s.createPod("rwo-1", nodeName(0))
+	settle(true)
+	// Managed again; a VolumeAttachment deleted by someone else makes
+	// another status write, whose answer is the first to say managed.
+	setManaged(true)
+	for _, va := range s.w.attachments() {
+		if attachmentVolume(va) == "rwx" && va.Spec.NodeName == nodeName(0) {
+			s.deleteAttachmentAsThirdParty(va)
+		}
+	}
+	settle(true)
+	// The node informer relists: one update, managed as before.
+	s.inf[rNodes].relist(s.w, rNodes)
+	settle(false)
+	// A volume of the node is wanted no more.
+	s.w.remove(rPods, ns+"/"+podNamed(s, "rwo-0"))
+	settle(false)
+	s.heal()
+	settle(false)
+	s.checkQuiet()
+	if len(s.violations) > 0 {
+		t.Log(strings.Join(s.trace, "\n"))
+		t.Errorf("violations: %q", s.violations)
+	}
+}
+
+// podNamed returns the name of the live pod that uses pv.
+func podNamed(s *Sim, pv string) string {
+	for _, o := range s.w.list(rPods) {
+		if p := o.(*v1.Pod); podPV(p) == pv && live(p) {
+			return p.Name
+		}
+	}
+	return ""
+}
