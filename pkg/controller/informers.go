@@ -397,11 +397,14 @@ func objectHandler(fn func(obj any)) toolscache.ResourceEventHandlerFuncs {
 }
 
 // nodeChanged queues the node, unless the update only echoes a status the
-// controller wrote or carries nothing the controller reads (heartbeats).
+// controller wrote or carries nothing the controller reads (heartbeats). An
+// update that looks the same to the informer but lists other volumes than
+// the controller reported is queued: a relist may bring back what the
+// informer had cached while the controller's own writes changed it since.
 func (c *Controller) nodeChanged(oldObj, obj any) {
 	if o, ok := oldObj.(*v1.Node); ok {
 		n, ok := obj.(*v1.Node)
-		if ok && sameNodeFacts(o, n) {
+		if ok && sameNodeFacts(o, n) && sameAttached(n.Status.VolumesAttached, c.actual.Reported(n.Name)) {
 			return
 		}
 		if ok && managed(o) != managed(n) {
