@@ -312,7 +312,10 @@ func (r *Reconciler) settle(d Decision) Result {
 		return res
 	}
 	a := d.Attachment
-	if a.Withdrawn || !a.DetachWanted.IsZero() {
+	// A detach that started is finished first (Decide), whatever wants the
+	// volume now: it stays out of the report (on a node whose management
+	// changed meanwhile, the decision is Nothing).
+	if a.DetachStarted.IsZero() && (a.Withdrawn || !a.DetachWanted.IsZero()) {
 		r.actual.Update(d.Key, false, func(a *cache.Attachment) {
 			a.Withdrawn = false
 			a.DetachWanted = time.Time{}

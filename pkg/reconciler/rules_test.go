@@ -7,7 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2/ktesting"
+
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
@@ -295,12 +299,34 @@ func TestSafeToDetachAfterTheZoneRecovered(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	notReady := cache.NodeInfo{Seen: true, Exists: true, Zone: "a", InUse: map[volume.Name]bool{specA.Name: true}}
 	recovered := t0.Add(10 * time.Minute)
-	zone := func() cache.ZoneHealth { return cache.ZoneHealth{Zone: "a", Nodes: 10, Unhealthy: 2, Recovered: recovered} }
+	zone := func() cache.ZoneHealth {
+		return cache.ZoneHealth{Zone: "a", Nodes: 10, Unhealthy: 2, Recovered: recovered}
+	}
 	v := safeToDetach(k, notReady, t0, recovered.Add(time.Minute), cfg, zone)
 	if v.Force != "" || v.After != 5*time.Minute || !strings.Contains(v.Wait, "its zone recovered from a disruption 1m0s ago") {
 		t.Errorf("a minute after the recovery: %+v, want 5m more", v)
 	}
 	if v := safeToDetach(k, notReady, t0, recovered.Add(6*time.Minute), cfg, zone); v.Force != ForceTimeout {
 		t.Errorf("the max wait after the recovery: %+v, want a forced detach", v)
+	}
+}
+
+// A detach that started stays out of the node's report whatever the
+// decision meanwhile: on a node no longer managed, a pod wanting the volume
+// again settles nothing back into the report.
+func TestStartedDetachStaysWithdrawn(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	desired, actual := cache.NewDesiredState(), cache.NewActualState()
+	actual.SetNode(node1, cache.NodeInfo{Exists: true, Ready: true})
+	desired.SetPod(podA, node1, []*volume.Spec{specA})
+	actual.Update(key(specA, node1), true, func(a *cache.Attachment) {
+		a.Kind, a.State, a.Withdrawn, a.DetachStarted = volume.KindCSI, cache.Attached, true, time.Now()
+	})
+	r := New(desired, actual, nil, record.NewFakeRecorder(10), metrics.New(), Config{MaxWaitForUnmount: time.Minute})
+	if _, err := r.Sync(ctx, key(specA, node1)); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := actual.Get(key(specA, node1)); !a.Withdrawn {
+		t.Errorf("%+v: a started detach put back in the report", a)
 	}
 }
