@@ -109,10 +109,12 @@ func (s *Sim) createPV(v simVolume) {
 
 func (s *Sim) createNode(name string) {
 	s.w.create(rNodes, &v1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{managed: "true"}},
-		Status:     v1.NodeStatus{Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{managed: "true"},
+			Labels: map[string]string{v1.LabelTopologyZone: simZone}},
+		Status: v1.NodeStatus{Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}},
 	})
 	delete(s.deletedNodes, name)
+	delete(s.zone.deletedAt, name)
 	delete(s.deletedInUse, name)
 	delete(s.thirdPartyListed, name)
 	delete(s.thirdPartyRemoved, name)
@@ -417,6 +419,10 @@ func (s *Sim) workload() {
 		s.w.update(rNodes, n)
 	case x < 13 && len(nodes) > 0:
 		n := nodes[pick(len(nodes))].(*v1.Node).DeepCopy()
+		if s.zone.partitioned[n.Name] {
+			// Cut off: its kubelet can't say it is Ready.
+			break
+		}
 		st := v1.ConditionTrue
 		if ready(n) {
 			st = v1.ConditionFalse
@@ -526,6 +532,9 @@ func (s *Sim) workload() {
 // collector does.
 func (s *Sim) deleteNode(n *v1.Node) {
 	s.deletedNodes[n.Name] = true
+	if n.Annotations[managed] != "" {
+		s.zone.deletedAt[n.Name] = s.clock.Now()
+	}
 	var inUse []string
 	for _, v := range n.Status.VolumesInUse {
 		inUse = append(inUse, string(v))
@@ -587,5 +596,18 @@ func (s *Sim) heal() {
 			s.w.update(rNodes, n)
 		}
 	}
-	s.tracef("heal: deleting pods gone, PVs, claims, CSINodes and managed nodes back; no more faults")
+	// A partition heals, a while later; so does a zone left disrupted by
+	// nodes gone NotReady one by one, or its forced detaches would be held
+	// for good.
+	s.outlivePartition()
+	if len(s.zone.partitioned) == 0 && s.zoneDisrupted() {
+		for _, o := range s.w.list(rNodes) {
+			if n := o.(*v1.Node); !ready(n) {
+				n = n.DeepCopy()
+				n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}
+				s.w.update(rNodes, n)
+			}
+		}
+	}
+	s.tracef("heal: deleting pods gone, PVs, claims, CSINodes and managed nodes back, a partition under way ends in a while; no more faults")
 }

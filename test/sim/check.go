@@ -45,6 +45,8 @@ import (
 //	   came (what a restarted controller finds attached needs none).
 //	I9 no detach starts before a controller that started has read every pod
 //	   (a pod not read yet may want the volume).
+//	I10 no forced detach by timeout starts on a node of a zone disrupted for
+//	   a while (zones.go).
 
 // checkEveryStep checks I1 and keeps the bookkeeping I2 needs.
 func (s *Sim) checkEveryStep() {
@@ -64,6 +66,7 @@ func (s *Sim) checkEveryStep() {
 	for name := range s.deletedNodes {
 		s.unhealthySeen[name] = now
 	}
+	s.noteZone()
 	// The max wait runs from when the volume stopped being wanted. A want
 	// starts it afresh only when it lasted long enough to be seen (a pod
 	// that lived only while its events were in flight may never be seen;
@@ -182,6 +185,9 @@ func (s *Sim) checkDetachStart(pv, node string) {
 	case s.clock.Now().Sub(since) < s.cfg.MaxWaitForUnmount:
 		s.violate("I2", "forced detach of %s from unhealthy node %s after %s, before the max wait for unmount (%s)",
 			pv, node, s.clock.Now().Sub(since), s.cfg.MaxWaitForUnmount)
+	default:
+		// A forced detach by timeout.
+		s.checkZoneHold(pv, node)
 	}
 }
 

@@ -21,7 +21,6 @@ import (
 	"github.com/kube-attach/attach-detach-controller/pkg/controller"
 	"github.com/kube-attach/attach-detach-controller/pkg/intree"
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
-	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
 )
 
 // Config sets the size and the fault rates of a run.
@@ -47,6 +46,9 @@ type Config struct {
 	Relist, ThirdParty float64
 	// MaxWaitForUnmount as the controller's flag.
 	MaxWaitForUnmount time.Duration
+	// ZoneGuardOff runs the controller without its zone disruption guard
+	// (--disable-zone-disruption-guard): I10 must then find violations.
+	ZoneGuardOff bool
 	// SyncPeriod as --attach-detach-reconcile-sync-period: how often the
 	// running controller compares its attachments with the
 	// VolumeAttachments (Controller.Resync).
@@ -128,6 +130,7 @@ type Sim struct {
 	wantSeen     map[string]bool
 	deletedInUse map[string][]string
 	deletedNodes map[string]bool
+	zone         zoneState
 	// taintSeen and unhealthySeen: when each node last had the
 	// out-of-service taint, and was last not Ready or deleted.
 	taintSeen, unhealthySeen map[string]time.Time
@@ -199,7 +202,7 @@ func newSim(seed int64, cfg Config) *Sim {
 		clock:   clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
 		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
 		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]time.Time{}, podNode: map[string]string{}, unannounced: map[pair]types.UID{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
-		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{},
+		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{}, zone: zoneState{deletedAt: map[string]time.Time{}},
 		thirdPartyListed: map[string]map[string]bool{}, thirdPartyRemoved: map[string]map[string]bool{}, flapped: map[string]bool{}, thirdPartyVA: map[string]bool{}, explained: map[cache.Key]string{}, failingUntil: map[types.UID]time.Time{}, answeredManaged: map[string]bool{}, readUnmanaged: map[string]bool{},
 	}
 	s.ctx = s.logContext()
@@ -244,7 +247,7 @@ func (s *Sim) newController() {
 		Client:        newClient(s),
 		Recorder:      &recorder{s: s},
 		Metrics:       metrics.New(),
-		Reconciler:    reconciler.Config{MaxWaitForUnmount: s.cfg.MaxWaitForUnmount},
+		Reconciler:    s.reconcilerConfig(),
 		InTree:        intree.NewRegistry(&iscsiPlugin{s: s}),
 		Workers:       s.cfg.Workers,
 		StatusWorkers: 2,
@@ -463,6 +466,9 @@ func (s *Sim) act(chaos bool) (progress bool) {
 	if s.attacherPending() {
 		add(2, "attacher", s.attacher)
 	}
+	if at := s.zone.endAt; !at.IsZero() && !s.clock.Now().Before(at) {
+		add(3, "end partition", s.endPartition)
+	}
 	if !s.resyncAt.IsZero() && !s.clock.Now().Before(s.resyncAt) {
 		add(3, "periodic sync", s.periodicSync)
 	}
@@ -476,6 +482,11 @@ func (s *Sim) act(chaos bool) (progress bool) {
 			add(1, "time", func() { s.advance(time.Duration(s.rng.Int63n(int64(min(d, 10*time.Second))) + 1)) })
 		}
 		add(2.5, "workload", s.workload)
+		if len(s.zone.partitioned) == 0 && s.anyMounted() {
+			add(0.1, "partition", s.partition)
+		} else if len(s.zone.partitioned) > 0 {
+			add(0.005, "end partition", s.endPartition)
+		}
 		add(s.cfg.Restart, "restart", s.restart)
 		if s.handoffUntil == 0 {
 			add(s.cfg.Restart, "graceful stop", s.gracefulStop)
@@ -612,7 +623,7 @@ func (s *Sim) timeRoom() time.Duration {
 }
 
 func (s *Sim) nextTimer() (time.Time, bool) {
-	var first time.Time
+	first := s.zone.endAt
 	for _, q := range s.queues {
 		if at, ok := q.nextTimer(); ok && (first.IsZero() || at.Before(first)) {
 			first = at

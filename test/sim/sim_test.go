@@ -26,6 +26,9 @@ func TestSimulation(t *testing.T) {
 	if v := os.Getenv("SIM_STEPS"); v != "" {
 		cfg.Steps = envInt(t, "SIM_STEPS", 0)
 	}
+	// SIM_ZONE_GUARD=off runs the controller without its zone disruption
+	// guard (TestZoneGuardIsNeeded).
+	cfg.ZoneGuardOff = os.Getenv("SIM_ZONE_GUARD") == "off"
 	cfg.Explain = os.Getenv("SIM_EXPLAIN")
 	keepGoing := os.Getenv("SIM_KEEP_GOING") != ""
 	totals := map[string]int{}
