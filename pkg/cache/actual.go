@@ -548,6 +548,29 @@ func (a *ActualState) EndReport(node string, written []v1.AttachedVolume, ok boo
 	if n == nil {
 		return nil
 	}
+	return a.endReportLocked(n, node, written, ok)
+}
+
+// EndReportOn is EndReport of a write that landed on the Node object with
+// the given UID (the API's answer). When the controller knows another object
+// under the node's name by then (deleted and created again, the new one
+// read before this answer), the write says nothing of what that one lists:
+// it counts as failed, to be written again, and landed is false. Compared
+// under the lock that ends the write: a sync of the new object in between
+// would find it listing what the controller believed, and let the answer
+// confirm a list no object holds.
+func (a *ActualState) EndReportOn(node, uid string, written []v1.AttachedVolume) (keys []Key, landed bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := a.nodes[node]
+	if n == nil {
+		return nil, true
+	}
+	landed = n.info.UID == uid
+	return a.endReportLocked(n, node, written, landed), landed
+}
+
+func (a *ActualState) endReportLocked(n *nodeEntry, node string, written []v1.AttachedVolume, ok bool) []Key {
 	n.writing = false
 	// A failed write may not have landed: the next BeginReport must write
 	// again even when the Reported flags (set as if it had) show no change.

@@ -75,11 +75,18 @@ func (w *Writer) write(ctx context.Context, node string) ([]cache.Key, error) {
 	case err != nil:
 		return w.actual.EndReport(node, want, false), fmt.Errorf("patch node %s status: %w", node, err)
 	}
-	klog.FromContext(ctx).V(2).Info("Updated node status", "volumesAttached", len(want))
 	// The node's facts as of the write first: a withdrawn volume's detach
 	// must see a mount reported before the write.
 	keys := w.actual.SetNode(node, w.facts(written))
-	return append(keys, w.actual.EndReport(node, want, true)...), nil
+	ended, landed := w.actual.EndReportOn(node, string(written.UID), want)
+	keys = append(keys, ended...)
+	if !landed {
+		// The Node it landed on was deleted and created again under its
+		// name since: the one read now lists nothing of this write.
+		return keys, fmt.Errorf("patch node %s status: the write landed on Node %s, replaced since", node, written.UID)
+	}
+	klog.FromContext(ctx).V(2).Info("Updated node status", "volumesAttached", len(want))
+	return keys, nil
 }
 
 // Patch returns the merge patch that sets node.status.volumesAttached to

@@ -261,6 +261,46 @@ func TestWriterRetriesFailedWrite(t *testing.T) {
 	}
 }
 
+// A write whose answer comes from a Node object the controller has seen
+// replaced since (deleted and created again under its name, the new one read
+// first) confirms nothing: the new object lists nothing of it, and its
+// status is written again.
+func TestWriterWriteLandedOnReplacedNode(t *testing.T) {
+	old := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "old", ResourceVersion: "10"}}
+	f := newFixture(t, []*v1.Node{old}, []cache.Attachment{{Key: key(volA), State: cache.Attached}}, nil)
+	_, ctx := ktesting.NewTestContext(t)
+	// The write begins while the controller knows the old object; the
+	// new one is read before the answer comes.
+	f.actual.SetNode(node, cache.NodeInfo{Managed: true, Ready: true, UID: "old", ResourceVersion: "10"})
+	f.client.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		f.actual.SetNode(node, cache.NodeInfo{Managed: true, Ready: true, UID: "new", ResourceVersion: "20"})
+		return false, nil, nil
+	})
+	if _, _, err := f.writer.Sync(ctx, node); err == nil {
+		t.Errorf("Sync of a write that landed on the replaced Node: no error")
+	}
+	if err := f.client.Tracker().Delete(v1.SchemeGroupVersion.WithResource("nodes"), "", node); err != nil {
+		t.Fatal(err)
+	}
+	renewed := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "new", ResourceVersion: "20"}}
+	if err := f.client.Tracker().Add(renewed); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.writer.Sync(ctx, node); err != nil {
+		t.Fatalf("second Sync: %v", err)
+	}
+	got, err := f.client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []v1.AttachedVolume{av(volA, "")}; !reflect.DeepEqual(got.Status.VolumesAttached, want) {
+		t.Errorf("status of the Node created again lists %v, want %v", got.Status.VolumesAttached, want)
+	}
+	if n, _, _ := f.actual.Unsettled(10); n != 0 {
+		t.Errorf("%d unsettled after the write to the Node created again, want 0", n)
+	}
+}
+
 // A write that only adds volumes waits for the attaches under way on the
 // node: no patch, and the time until the caller syncs the node again; then
 // one patch carries what attached meanwhile.
@@ -342,7 +382,8 @@ func TestPatch(t *testing.T) {
 	}
 }
 
-// testFacts reads what the writer's tests need of a node: its version.
+// testFacts reads what the writer's tests need of a node: its version and
+// UID.
 func testFacts(n *v1.Node) cache.NodeInfo {
-	return cache.NodeInfo{Exists: true, Managed: true, Ready: true, ResourceVersion: n.ResourceVersion}
+	return cache.NodeInfo{Exists: true, Managed: true, Ready: true, ResourceVersion: n.ResourceVersion, UID: string(n.UID)}
 }
