@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -75,6 +76,12 @@ func (c *Controller) syncAttachment(ctx context.Context, name string) error {
 			// says nothing new, and must not make it attached (and
 			// reported) again.
 			return
+		}
+		if a.AttachmentUID != "" && a.AttachmentUID != string(va.UID) {
+			// Another object of that name (a relist shows the one seen
+			// gone and another created): a detach of the one before is
+			// over, and no detach of this one has started.
+			a.DetachStarted, a.Withdrawn, a.DetachWanted = time.Time{}, false, time.Time{}
 		}
 		a.Kind = volume.KindCSI
 		a.AttachmentName = name

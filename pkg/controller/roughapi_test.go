@@ -176,3 +176,21 @@ func TestFailedForcedDetachIsDecidedAgain(t *testing.T) {
 		t.Errorf("%d deletes once kubelet unmounted, want 1: %v", deletes, f.c.reconciler.Decide(k, f.clock.Now()))
 	}
 }
+
+// A relist shows the VolumeAttachment whose delete the controller started
+// gone and another of that name (someone created it again) as one update:
+// the detach of the one before is over, and none of this one has started.
+func TestVolumeAttachmentOfANewUIDEndsTheDetachOfTheOld(t *testing.T) {
+	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), node("node-1")}
+	f := newFixture(t, append(vol, va("claim-a", "h1", "node-1"))...)
+	f.syncFirst("node-1", []string{"h1"})
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	f.c.actual.Update(k, false, func(a *cache.Attachment) {
+		a.State, a.Withdrawn, a.DetachStarted = cache.Detaching, true, epoch
+	})
+	f.load(append(vol, va("claim-a", "h1", "node-1", func(a *storagev1.VolumeAttachment) { a.UID = "uid-new" }))...)
+	must(t, f.c.syncAttachment(f.ctx, volume.AttachmentName("h1", driver, "node-1")))
+	if a, _ := f.c.actual.Get(k); a.State != cache.Attached || !a.DetachStarted.IsZero() || a.Withdrawn {
+		t.Errorf("%+v: want the new object attached, no detach started", a)
+	}
+}

@@ -445,10 +445,16 @@ func (r *Reconciler) detach(ctx context.Context, d Decision, now time.Time) (Res
 		r.forget(d.Key)
 		return Result{Detached: true, Wake: r.WantedUnderOtherNames(a)}, nil
 	}
-	r.actual.Update(d.Key, false, func(a *cache.Attachment) {
-		a.State = cache.Detaching
-		if a.DetachStarted.IsZero() {
-			a.DetachStarted = now
+	r.actual.Update(d.Key, false, func(cur *cache.Attachment) {
+		if cur.AttachmentUID != a.AttachmentUID && cur.AttachmentUID != "" {
+			// The record follows another object of that name now (the
+			// one deleted is gone, someone created it again): this
+			// answer says nothing of it.
+			return
+		}
+		cur.State = cache.Detaching
+		if cur.DetachStarted.IsZero() {
+			cur.DetachStarted = now
 		}
 	})
 	return Result{}, nil

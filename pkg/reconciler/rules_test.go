@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"context"
 	"reflect"
 	"slices"
 	"strings"
@@ -328,5 +329,41 @@ func TestStartedDetachStaysWithdrawn(t *testing.T) {
 	}
 	if a, _ := actual.Get(key(specA, node1)); !a.Withdrawn {
 		t.Errorf("%+v: a started detach put back in the report", a)
+	}
+}
+
+// detachSwap is a mechanism whose delete is answered after the object is
+// gone and another of its name is on record.
+type detachSwap struct{ actual *cache.ActualState }
+
+func (m detachSwap) Attach(context.Context, *volume.Spec, string) (AttachResult, error) {
+	return AttachResult{}, nil
+}
+
+func (m detachSwap) Detach(_ context.Context, a cache.Attachment) (bool, error) {
+	m.actual.Delete(a.Key)
+	m.actual.Update(a.Key, true, func(n *cache.Attachment) {
+		n.Kind, n.State, n.AttachmentName, n.AttachmentUID = volume.KindCSI, cache.Attached, a.AttachmentName, "uid-new"
+	})
+	return false, nil
+}
+
+// The answer of a delete that comes once the record follows another
+// object of that name says nothing of that object.
+func TestLateDetachAnswerLeavesANewObjectAlone(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	desired, actual := cache.NewDesiredState(), cache.NewActualState()
+	actual.SetNode(node1, cache.NodeInfo{Exists: true, Managed: true, Ready: true, Seen: true})
+	k := key(specA, node1)
+	actual.Update(k, true, func(a *cache.Attachment) {
+		a.Kind, a.State, a.AttachmentName, a.AttachmentUID, a.Withdrawn = volume.KindCSI, cache.Attached, "va", "uid-old", true
+	})
+	r := New(desired, actual, map[volume.Kind]Mechanism{volume.KindCSI: detachSwap{actual}}, record.NewFakeRecorder(10), metrics.New(),
+		Config{MaxWaitForUnmount: time.Minute})
+	if _, err := r.Sync(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := actual.Get(k); a.State != cache.Attached || !a.DetachStarted.IsZero() {
+		t.Errorf("%+v: the new object taken as being detached", a)
 	}
 }
