@@ -213,11 +213,31 @@ func (s *Sim) wantedFor(d time.Duration) map[pair]bool {
 	return out
 }
 
+// wantedKnown is wanted, of the pods whose want the running controller
+// generation could read at some moment (wantRead): a pod whose claim or PV
+// went before it started, and never came back while its node was managed,
+// uses a volume the controller cannot name (upstream's, which adds a pod's
+// volumes from its claim, cannot either).
+func (s *Sim) wantedKnown() map[pair]bool {
+	out := map[pair]bool{}
+	for _, o := range s.w.list(rPods) {
+		p := o.(*v1.Pod)
+		if s.wantRead[string(p.UID)] == s.gen && s.resolved(p) && live(p) && s.w.node(p.Spec.NodeName) != nil {
+			out[pair{podPV(p), p.Spec.NodeName}] = true
+		}
+	}
+	return out
+}
+
 // noteWants keeps, for each pod, since when its want could be read at a
-// stretch (wantStreak), and whether that lasted seenWant while the running
-// controller generation lived (wantSeen).
+// stretch (wantStreak), whether that lasted seenWant while the running
+// controller generation lived (wantSeen), and the last generation that
+// could read it at all (wantRead).
 func (s *Sim) noteWants() {
 	now := s.clock.Now()
+	if s.wantRead == nil {
+		s.wantRead = map[string]int{}
+	}
 	for _, o := range s.w.list(rPods) {
 		p := o.(*v1.Pod)
 		uid := string(p.UID)
@@ -226,6 +246,7 @@ func (s *Sim) noteWants() {
 			delete(s.wantStreak, uid)
 			continue
 		}
+		s.wantRead[uid] = s.gen
 		since, ok := s.wantStreak[uid]
 		if !ok {
 			s.wantStreak[uid] = now

@@ -23,7 +23,10 @@ import (
 //	   live pod there still uses it or before the max wait for unmount. A
 //	   controller acts on what it saw a moment ago: the taint (or the
 //	   node's unhealthiness) counts when it held at some moment since the
-//	   volume stopped being wanted there, not only when the call is made;
+//	   volume stopped being wanted there, not only when the call is made.
+//	   A pod's want counts once the running controller generation could
+//	   read it (its claim and PV there, its node managed): one whose claim
+//	   went before it started names no volume it could know of;
 //	I3 no detach starts while node.status.volumesAttached lists the volume;
 //	I4 once no fault and no new work come, the run gets quiet within a
 //	   bounded number of steps, and then every volume a live pod wants is
@@ -52,7 +55,7 @@ import (
 func (s *Sim) checkEveryStep() {
 	s.checkSingleNode()
 	s.noteWants()
-	wanted := s.wanted()
+	wanted := s.wantedKnown()
 	now := s.clock.Now()
 	for _, o := range s.w.list(rNodes) {
 		n := o.(*v1.Node)
@@ -178,7 +181,7 @@ func (s *Sim) checkDetachStart(pv, node string) {
 		// pod the controller has had time to see.
 		s.violate("I2", "detach of %s from node %s started while a live pod there uses it", pv, node)
 	case (n != nil && outOfServiceTaint(n)) || held(s.taintSeen):
-	case s.wanted()[pair{pv, node}]:
+	case s.wantedKnown()[pair{pv, node}]:
 		s.violate("I2", "detach of %s from node %s started while a live pod there uses it", pv, node)
 	case n != nil && ready(n) && !held(s.unhealthySeen):
 		s.violate("I2", "detach of %s from %s started while it is mounted on a Ready node", pv, node)

@@ -86,6 +86,38 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			s.clock.SetTime(s.clock.Now().Add(time.Hour))
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I2"},
+		{"I2: detach of a volume a live pod uses, decided under an out-of-service taint gone since", func(s *Sim) {
+			s.createPod("rwo-0", nodeName(0))
+			attach(s, nodeName(0))
+			setNode(s, nodeName(0), mounted)
+			s.checkEveryStep()
+			// The claim goes after the running controller could read it:
+			// the pod keeps its volume.
+			s.w.remove(rPVCs, ns+"/c-rwo-0")
+			s.checkEveryStep()
+			setNode(s, nodeName(0), func(n *v1.Node) { n.Spec.Taints = []v1.Taint{{Key: outOfService, Effect: v1.TaintEffectNoExecute}} })
+			s.checkEveryStep()
+			setNode(s, nodeName(0), func(n *v1.Node) { n.Spec.Taints = nil })
+			s.checkEveryStep()
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+		}, "I2"},
+		{"I2: none under an out-of-service taint gone since, for a pod whose claim went before the running controller started", func(s *Sim) {
+			s.createPod("rwo-0", nodeName(0))
+			attach(s, nodeName(0))
+			setNode(s, nodeName(0), mounted)
+			s.checkEveryStep()
+			s.w.remove(rPVCs, ns+"/c-rwo-0")
+			s.replace()
+			for s.recovery != nil {
+				s.readPods()
+			}
+			s.checkEveryStep()
+			setNode(s, nodeName(0), func(n *v1.Node) { n.Spec.Taints = []v1.Taint{{Key: outOfService, Effect: v1.TaintEffectNoExecute}} })
+			s.checkEveryStep()
+			setNode(s, nodeName(0), func(n *v1.Node) { n.Spec.Taints = nil })
+			s.checkEveryStep()
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+		}, ""},
 		{"I7: detach of a volume a live pod has long wanted, not mounted yet", func(s *Sim) {
 			s.createPod("rwo-0", nodeName(0))
 			attach(s, nodeName(0))

@@ -125,9 +125,11 @@ type Sim struct {
 	podResolved   map[string]time.Time
 	// wantStreak and wantSeen: since when each pod's want could be read at
 	// a stretch, and whether that lasted seenWant, while the running
-	// controller generation lived (by pod UID; noteWants).
+	// controller generation lived; wantRead: the last generation that could
+	// read it at all (by pod UID; noteWants).
 	wantStreak   map[string]time.Time
 	wantSeen     map[string]bool
+	wantRead     map[string]int
 	deletedInUse map[string][]string
 	deletedNodes map[string]bool
 	zone         zoneState
