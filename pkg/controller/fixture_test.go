@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
@@ -104,50 +103,7 @@ func newFixtureWith(t *testing.T, configure func(*Config), objs ...runtime.Objec
 // trim them.
 func (f *fixture) load(objs ...runtime.Object) {
 	f.t.Helper()
-	inf := f.c.informers
-	byInformer := map[toolscache.SharedIndexInformer][]any{}
-	for _, o := range objs {
-		var i toolscache.SharedIndexInformer
-		switch o.(type) {
-		case *v1.Pod:
-			i = inf.Pods
-		case *v1.PersistentVolumeClaim:
-			i = inf.PVCs
-		case *v1.PersistentVolume:
-			i = inf.PVs
-		case *v1.Node:
-			i = inf.Nodes
-		case *storagev1.CSINode:
-			i = inf.CSINodes
-		case *storagev1.CSIDriver:
-			i = inf.CSIDrivers
-		case *storagev1.VolumeAttachment:
-			i = inf.VolumeAttachments
-		default:
-			f.t.Fatalf("no informer for %T", o)
-		}
-		trimmed, err := Trim(o.DeepCopyObject())
-		if err != nil {
-			f.t.Fatal(err)
-		}
-		byInformer[i] = append(byInformer[i], trimmed)
-	}
-	for _, i := range inf.all() {
-		if err := i.GetIndexer().Replace(byInformer[i], ""); err != nil {
-			f.t.Fatal(err)
-		}
-	}
-	// The indexes the handlers keep, as the handlers would leave them.
-	for _, r := range f.c.refIndexes() {
-		r.index.one, r.index.many = map[string]string{}, map[string][]string{}
-		for _, obj := range byInformer[r.informer] {
-			k, err := toolscache.MetaNamespaceKeyFunc(obj)
-			if err != nil {
-				f.t.Fatal(err)
-			}
-			r.index.update(k, nil, r.refs(obj))
-		}
-	}
+	guardLoad(f.t, f, objs, throughTrim)
 }
 
 // reset forgets what was queued, posted and called so far.

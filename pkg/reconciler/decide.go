@@ -89,16 +89,9 @@ func (r *Reconciler) Decide(k cache.Key, now time.Time) Decision {
 		if r.actual.ReportPending(k) {
 			return d.with(Wait, "a detach from node %s started; waiting for node status to stop listing the volume", k.Node)
 		}
-		wanted := d.Attachment.DetachWanted
-		if wanted.IsZero() {
-			wanted = now
+		if wait := r.detachRules(&d, node, now); wait != "" {
+			return d.with(Wait, "a detach from node %s started and did not finish; %s", k.Node, wait)
 		}
-		v := safeToDetach(k, node, wanted, now, r.cfg, r.zone(node, now))
-		if v.Wait != "" {
-			d.After, d.HeldIn = v.After, v.HeldIn
-			return d.with(Wait, "a detach from node %s started and did not finish; %s", k.Node, v.Wait)
-		}
-		d.Force = v.Force
 		return d.with(Detach, "finishing the detach from node %s that started", k.Node)
 	}
 	if d.HasAttachment && d.Attachment.State == cache.Detaching && d.Attachment.Kind == volume.KindCSI &&
@@ -185,16 +178,9 @@ func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time
 		}
 		return d.with(Wait, "detach in progress")
 	}
-	wanted := d.Attachment.DetachWanted
-	if wanted.IsZero() {
-		wanted = now
+	if wait := r.detachRules(&d, node, now); wait != "" {
+		return d.with(Wait, "%s", wait)
 	}
-	v := safeToDetach(k, node, wanted, now, r.cfg, r.zone(node, now))
-	if v.Wait != "" {
-		d.After, d.HeldIn = v.After, v.HeldIn
-		return d.with(Wait, "%s", v.Wait)
-	}
-	d.Force = v.Force
 	if !d.Attachment.Withdrawn {
 		// Every detach is withdrawn first, listed or not: the end of a
 		// node status write then re-queues it, whatever that write was.
@@ -224,4 +210,17 @@ func nodesOf(keys []cache.Key) string {
 // detach by timeout is due.
 func (r *Reconciler) zone(node cache.NodeInfo, now time.Time) func() cache.ZoneHealth {
 	return func() cache.ZoneHealth { return r.actual.ZoneHealth(node.Zone, now, r.cfg.DeletedNodeWait()) }
+}
+
+// detachRules applies safeToDetach to the attachment of d, its max wait
+// counted from when its detach was first wanted: it returns the reason to
+// wait (with d.After and d.HeldIn set), or "" with d.Force set.
+func (r *Reconciler) detachRules(d *Decision, node cache.NodeInfo, now time.Time) string {
+	wanted := d.Attachment.DetachWanted
+	if wanted.IsZero() {
+		wanted = now
+	}
+	v := safeToDetach(d.Key, node, wanted, now, r.cfg, r.zone(node, now))
+	d.After, d.HeldIn, d.Force = v.After, v.HeldIn, v.Force
+	return v.Wait
 }
