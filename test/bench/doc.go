@@ -31,7 +31,12 @@
 //     replaced by a pod using the same claim on the next node, as a
 //     rescheduled StatefulSet pod: the old attachment must be detached
 //     before the new one (ReadWriteOnce) can be attached.
-//   - teardown: every pod deleted; until every VolumeAttachment is gone.
+//   - teardown: every pod deleted; right after, one more pod, with a volume
+//     of its own, on the canary node. Until every other VolumeAttachment is
+//     gone and every node's status lists nothing but the new volume, and,
+//     from the new pod's creation, until its volume is attached and in node
+//     status: a pod's wait while every other volume detaches (queued behind
+//     the detaches, it would wait about as long as the teardown).
 //
 // The floor of a phase is the time the API budget alone imposes: a client
 // limited to QPS requests per second with a burst of B sends W requests in

@@ -39,12 +39,15 @@ func (r *runner) restart(ctx context.Context, p *PhaseResult) error {
 	// already in the run's peak (Before).
 	p.Before = ProcStats{At: start}
 	r.logger.Info("Controller restarted", "pid", r.proc.Pid(), "log", logPath, "stoppedIn", p.Times[MStopped].Round(time.Millisecond))
-	if err := r.w.CreateNewVolume(ctx, r.env.Client); err != nil {
+	if err := r.w.CreateNewVolumeClaim(ctx, r.env.Client, RestartVolume); err != nil {
+		return err
+	}
+	if err := r.w.CreateNewVolumePod(ctx, r.env.Client, RestartVolume); err != nil {
 		return err
 	}
 	// The new volume may be attached before the controller says it is
 	// ready: both are awaited from the start, side by side.
-	result, cancel := r.env.Observer.AwaitAsync(ctx, r.w.NewVolumeExpect(true), start, timeout, milestoneDone)
+	result, cancel := r.env.Observer.AwaitAsync(ctx, r.w.NewVolumeExpect(RestartVolume, true), start, timeout, milestoneDone)
 	defer cancel()
 	ready, err := r.awaitReady(ctx, logPath, start, timeout)
 	if err != nil {
@@ -57,10 +60,10 @@ func (r *runner) restart(ctx context.Context, p *PhaseResult) error {
 	}
 	p.Times[MFirstAttach] = t[MDone]
 	r.logger.Info("Restarted controller ready", "ready", ready.Round(time.Millisecond), "firstAttach", t[MDone].Round(time.Millisecond))
-	if err := r.w.DeleteNewVolumePod(ctx, r.env.Client); err != nil {
+	if err := r.w.DeleteNewVolumePod(ctx, r.env.Client, RestartVolume); err != nil {
 		return err
 	}
-	if _, err := r.env.Observer.Await(ctx, r.w.NewVolumeExpect(false), time.Now(), timeout, milestoneDone); err != nil {
+	if _, err := r.env.Observer.Await(ctx, r.w.NewVolumeExpect(RestartVolume, false), time.Now(), timeout, milestoneDone); err != nil {
 		return fmt.Errorf("volume created at the restart not detached: %w", err)
 	}
 	p.LastRequest, err = r.settle(ctx, p.Start)

@@ -34,6 +34,11 @@ var Phases = []string{PhaseStartup, PhaseBurst, PhaseIdle, PhaseRestart, PhaseCh
 // what is left of the restart's requests is what starting cost.
 const WindowNewVolume = "restart (new volume)"
 
+// WindowTeardownNewVolume counts, within the teardown phase, the requests on
+// the volume whose pod is created once every other pod is deleted: what is
+// left of the teardown's requests is what the teardown cost.
+const WindowTeardownNewVolume = "teardown (new volume)"
+
 // Milestones measured.
 const (
 	MExist    = "exist"    // every expected VolumeAttachment exists
@@ -48,6 +53,10 @@ const (
 	MStopped     = "stopped"      // restart: the old process exited after SIGTERM
 	MReady       = "ready"        // restart: the new process is ready
 	MFirstAttach = "first attach" // restart: the volume created at its start attached and in node.status
+
+	// teardown: the volume of a pod created once every other pod is deleted
+	MNewPodAttached = "new pod attached" // its VolumeAttachment attached
+	MNewPodReported = "new pod reported" // and in node.status: what the pod waits for
 )
 
 var (
@@ -195,9 +204,12 @@ func Run(ctx context.Context, env *Env, ctrl Controller) *Result {
 		if p == nil {
 			continue
 		}
-		if name == PhaseRestart {
-			// First: a request on the new volume's objects counts here.
-			windows = append(windows, Window{Name: WindowNewVolume, Start: p.Start, End: p.End, Objects: w.NewVolumeObjects()})
+		// First: a request on a new volume's objects counts there.
+		switch name {
+		case PhaseRestart:
+			windows = append(windows, Window{Name: WindowNewVolume, Start: p.Start, End: p.End, Objects: w.NewVolumeObjects(RestartVolume)})
+		case PhaseTeardown:
+			windows = append(windows, Window{Name: WindowTeardownNewVolume, Start: p.Start, End: p.End, Objects: w.NewVolumeObjects(TeardownVolume)})
 		}
 		windows = append(windows, Window{Name: name, Start: p.Start, End: p.End})
 	}
@@ -391,20 +403,47 @@ func (r *runner) churn(ctx context.Context, p *PhaseResult) error {
 	return nil
 }
 
+// teardown deletes every pod; right after, a pod with a volume of its own
+// is created on the canary node. Measured from the first delete: until
+// every other VolumeAttachment is gone and every node's status lists
+// nothing but the new volume; from the new pod's creation: until its volume
+// is attached and in node.status, the wait of a pod scheduled while a
+// whole namespace goes. A controller that queued that attach behind the
+// detaches would make it wait about as long as the teardown. The new volume
+// stays attached: the cleanup removes it.
 func (r *runner) teardown(ctx context.Context, p *PhaseResult) error {
 	f := r.cfg.Floors()
+	timeout := r.cfg.timeout(f.Teardown(r.w.Volumes(), r.w.Nodes))
+	// Its claim and PV exist before the clock starts: the pod's wait is
+	// measured, not the harness's writes.
+	if err := r.w.CreateNewVolumeClaim(ctx, r.env.Client, TeardownVolume); err != nil {
+		return err
+	}
+	start := time.Now()
 	if err := r.w.DeletePods(ctx, r.env.Client, r.w.All()); err != nil {
 		return err
 	}
-	written := time.Since(p.Start)
-	t, err := r.env.Observer.Await(ctx, r.w.Expect(nil), p.Start, r.cfg.timeout(f.Teardown(r.w.Volumes(), r.w.Nodes)),
-		milestoneGone, milestoneStatus)
+	written := time.Since(start)
+	created := time.Now()
+	newPod, cancel := r.env.Observer.AwaitAsync(ctx, r.w.NewVolumeExpect(TeardownVolume, true), created, timeout, milestoneAttached, milestoneDone)
+	defer cancel()
+	if err := r.w.CreateNewVolumePod(ctx, r.env.Client, TeardownVolume); err != nil {
+		return err
+	}
+	t, err := r.env.Observer.Await(ctx, r.w.TeardownExpect(), start, timeout, milestoneGone, milestoneStatus)
 	p.Times = t
 	p.Times[MPodsWritten] = written
 	if err != nil {
 		return err
 	}
-	p.LastRequest, err = r.settle(ctx, p.Start)
+	nt, err := newPod()
+	if err != nil {
+		return fmt.Errorf("volume of the pod created during the teardown not attached: %w", err)
+	}
+	p.Times[MNewPodAttached], p.Times[MNewPodReported] = nt[MAttached], nt[MDone]
+	r.logger.Info("Pod created during the teardown attached", "attached", nt[MAttached].Round(time.Millisecond),
+		"inNodeStatus", nt[MDone].Round(time.Millisecond), "teardownGone", t[MGone].Round(time.Millisecond))
+	p.LastRequest, err = r.settle(ctx, start)
 	return err
 }
 

@@ -74,10 +74,23 @@ const canaryClaim, canaryPod = "claim-canary", "pod-canary"
 
 func (w *Workload) canaryHandle() string { return w.Prefix + "-vol-canary" }
 
-// The volume created at the restart, used by a pod on the canary node.
-const newClaim, newPod = "claim-restart", "pod-restart"
+// NewVolume names a volume created in the middle of a phase, with its claim
+// and a pod using it on the canary node: the measure of what a new pod
+// waits for while the controller is busy with something else.
+type NewVolume string
 
-func (w *Workload) newHandle() string { return w.Prefix + "-vol-restart" }
+const (
+	// RestartVolume is created right after the controller restarts.
+	RestartVolume NewVolume = "restart"
+	// TeardownVolume's pod is created right after every other pod is
+	// deleted.
+	TeardownVolume NewVolume = "teardown"
+)
+
+func (n NewVolume) claim() string { return "claim-" + string(n) }
+func (n NewVolume) pod() string   { return "pod-" + string(n) }
+
+func (w *Workload) newHandle(n NewVolume) string { return w.Prefix + "-vol-" + string(n) }
 
 // Setup creates the namespace, the nodes (managed, Ready), and every bound
 // PV/PVC pair, the canary's included. No pod is created.
@@ -217,34 +230,47 @@ func (w *Workload) canaryExpect(handle string, withVolume bool) *Expectation {
 	return e
 }
 
-// CreateNewVolume creates, on the canary node, a volume (bound PV and
-// claim) and a pod using it.
-func (w *Workload) CreateNewVolume(ctx context.Context, client kubernetes.Interface) error {
-	if err := w.createBoundVolume(ctx, client, newClaim, w.newHandle()); err != nil {
-		return err
-	}
-	if _, err := client.CoreV1().Pods(w.Namespace).Create(ctx, w.benchPod(newPod, w.CanaryNode(), newClaim), metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create pod %s: %w", newPod, err)
+// CreateNewVolumeClaim creates the volume n (bound PV and claim); no pod
+// uses it yet.
+func (w *Workload) CreateNewVolumeClaim(ctx context.Context, client kubernetes.Interface, n NewVolume) error {
+	return w.createBoundVolume(ctx, client, n.claim(), w.newHandle(n))
+}
+
+// CreateNewVolumePod creates, on the canary node, the pod using the volume n.
+func (w *Workload) CreateNewVolumePod(ctx context.Context, client kubernetes.Interface, n NewVolume) error {
+	if _, err := client.CoreV1().Pods(w.Namespace).Create(ctx, w.benchPod(n.pod(), w.CanaryNode(), n.claim()), metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create pod %s: %w", n.pod(), err)
 	}
 	return nil
 }
 
-// DeleteNewVolumePod deletes the pod of CreateNewVolume.
-func (w *Workload) DeleteNewVolumePod(ctx context.Context, client kubernetes.Interface) error {
-	return deletePod(ctx, client, w.Namespace, newPod)
+// DeleteNewVolumePod deletes the pod of the volume n.
+func (w *Workload) DeleteNewVolumePod(ctx context.Context, client kubernetes.Interface, n NewVolume) error {
+	return deletePod(ctx, client, w.Namespace, n.pod())
 }
 
 // NewVolumeExpect is Expect for the canary node with (or without) the pod
-// of CreateNewVolume; the canary's own pod is gone by then.
-func (w *Workload) NewVolumeExpect(withPod bool) *Expectation {
-	return w.canaryExpect(w.newHandle(), withPod)
+// of the volume n; the canary's own pod and any other new volume's are gone
+// by then.
+func (w *Workload) NewVolumeExpect(n NewVolume, withPod bool) *Expectation {
+	return w.canaryExpect(w.newHandle(n), withPod)
+}
+
+// TeardownExpect is what the teardown ends with: nothing attached to the
+// workload's nodes, and the teardown's new volume on the canary node.
+func (w *Workload) TeardownExpect() *Expectation {
+	e := w.Expect(nil)
+	e.addNode(w.CanaryNode())
+	e.addVolume(w.newHandle(TeardownVolume), w.CanaryNode())
+	return e
 }
 
 // NewVolumeObjects names the objects the controller writes for the volume
-// of CreateNewVolume: its VolumeAttachment and its node.
-func (w *Workload) NewVolumeObjects() map[string]bool {
+// n: its VolumeAttachment and its node (the canary's, which nothing else
+// uses by then).
+func (w *Workload) NewVolumeObjects(n NewVolume) map[string]bool {
 	names := map[string]bool{w.CanaryNode(): true}
-	for va := range w.NewVolumeExpect(true).vas {
+	for va := range w.NewVolumeExpect(n, true).vas {
 		names[va] = true
 	}
 	return names

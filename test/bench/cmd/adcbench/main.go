@@ -1,7 +1,7 @@
 // Command adcbench runs the attach/detach benchmark (package
 // test/bench) for this repository's controller and kube-controller-manager,
 // side by side on one etcd and kube-apiserver, and writes the Markdown
-// report to <results>/<date>-<size>.md.
+// report to <results>/<date>-<size>.md (-2, -3... when that exists).
 //
 //	go run ./test/bench/cmd/adcbench -size small
 package main
@@ -11,6 +11,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -171,14 +172,14 @@ func run(f flags) error {
 	if !filepath.IsAbs(dir) {
 		dir = filepath.Join(root, dir)
 	}
-	path := filepath.Join(dir, now.Format("2006-01-02")+"-"+reportName(f)+".md")
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create results directory: %w", err)
 	}
-	out, err := os.Create(path)
+	out, err := createReport(dir, now.Format("2006-01-02")+"-"+reportName(f))
 	if err != nil {
-		return fmt.Errorf("create report: %w", err)
+		return err
 	}
+	path := out.Name()
 	if err := bench.WriteReport(out, cfg, meta, results); err != nil {
 		out.Close()
 		return fmt.Errorf("write report: %w", err)
@@ -223,6 +224,26 @@ func reportName(f flags) string {
 		name += "-to-" + f.lastPhase
 	}
 	return name
+}
+
+// createReport creates dir/base.md, or, when a report of that name exists,
+// base-2.md, base-3.md and so on: a second run of one day with the same
+// settings keeps the first one's report to compare with.
+func createReport(dir, base string) (*os.File, error) {
+	for i := 1; ; i++ {
+		name := base
+		if i > 1 {
+			name += fmt.Sprintf("-%d", i)
+		}
+		out, err := os.OpenFile(filepath.Join(dir, name+".md"), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("create report: %w", err)
+		}
+		return out, nil
+	}
 }
 
 // runAll starts the cluster (etcd and kube-apiserver from binDir), the test

@@ -54,7 +54,10 @@ func notes(cfg bench.Config, ctrls []bench.Controller) []string {
 			"burst: all pods created at once (32 in flight); \"half the volumes in node.status\" is when half the burst's volumes are first listed in their node's status " +
 			"(kubelet mounts a volume only once it is listed there), a pod's median wait. churn: per round one pod per node is deleted and replaced by a pod on the next node using the same claim " +
 			"(old attachment detached, then new one attached: ReadWriteOnce); done = old VolumeAttachments gone, new ones attached and every node.status exact. " +
-			"teardown: every pod deleted. " +
+			"teardown: every pod deleted; right after, one more pod, using a volume of its own (bound PV and claim created before the phase), on the canary node; " +
+			"\"a new pod's VolumeAttachment attached\" and \"that volume in node.status too\" are its wait, from the pod's creation, while every other volume detaches " +
+			"(an attach queued behind the detaches would wait about as long as \"every VolumeAttachment gone\"); the teardown's other milestones count that volume as expected " +
+			"(its VolumeAttachment stays, the canary node's status lists it), and its writes are listed apart. " +
 			"restart (after idle, everything attached): SIGTERM, then the same command again; right after the new process starts the harness creates one more volume " +
 			"(bound PV and claim) and a pod using it on the canary node; ready = ours' /readyz answers 200 (state rebuilt, workers started), " +
 			"kube-controller-manager's log says \"Caches are synced\" (it serves no /readyz with --secure-port=0; it rebuilds its state after that line, so this is earlier in its start than ours); " +
