@@ -267,20 +267,6 @@ func (p *apiProxy) holdEvents(resource string) {
 	p.watchesOf(resource).held = true
 }
 
-// releaseEvents delivers the held events of resource, late and in order.
-func (p *apiProxy) releaseEvents(resource string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	rw := p.watchesOf(resource)
-	rw.held = false
-	for s := range rw.streams {
-		select {
-		case s.release <- struct{}{}:
-		default:
-		}
-	}
-}
-
 // expireWatches ends the watches of resource as an API server whose history
 // no longer reaches their resourceVersion does ("too old resource
 // version"), dropping the events held: the informers list again, and see

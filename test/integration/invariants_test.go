@@ -88,18 +88,6 @@ func (dw *diskWatch) violations() error {
 	return nil
 }
 
-// nodesSeen lists the nodes a VolumeAttachment of the disks was seen for.
-func (dw *diskWatch) nodesSeen() []string {
-	dw.mu.Lock()
-	defer dw.mu.Unlock()
-	var out []string
-	for n := range dw.nodes {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // watchAttachments lists the VolumeAttachments, then watches them from
 // that list on until the test ends, passing every object and event to
 // observe; an ended watch is reported to fail.
