@@ -81,3 +81,21 @@ func (n *nodeEntry) addsOnlyLocked(attaching bool) bool {
 	}
 	return adds && attaching
 }
+
+// ReportAdds reports whether node's report would list an attached volume
+// that node.status does not list yet: a pod waits for that write, which
+// goes before the node's withdrawals (the status queue's urgent items).
+func (a *ActualState) ReportAdds(node string) bool {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	n := a.nodes[node]
+	if n == nil {
+		return false
+	}
+	for _, at := range n.attachments {
+		if reportLocked(at, a.handingOver) && !at.Reported {
+			return true
+		}
+	}
+	return false
+}

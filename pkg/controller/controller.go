@@ -362,8 +362,16 @@ func (c *Controller) newQueues() error {
 				workqueue.TypedRateLimitingQueueConfig[string]{Name: name, MetricsProvider: queueMetrics})
 		}
 		cfg.NewKeyQueue = func(name string) workqueue.TypedRateLimitingInterface[cache.Key] {
-			return workqueue.NewTypedRateLimitingQueueWithConfig(cfg.RateLimiter(),
-				workqueue.TypedRateLimitingQueueConfig[cache.Key]{Name: name, MetricsProvider: queueMetrics})
+			// Attaches first (priority.go): a key some pod wants.
+			return prioritized(name, queueMetrics, cfg.RateLimiter(), c.desired.Wanted)
+		}
+		newQueue := cfg.NewQueue
+		cfg.NewQueue = func(name string) workqueue.TypedRateLimitingInterface[string] {
+			if name == QueueNodeStatus {
+				// Writes that add volumes first: pods wait for them.
+				return prioritized(name, queueMetrics, cfg.NodeRateLimiter(), c.actual.ReportAdds)
+			}
+			return newQueue(name)
 		}
 	}
 	c.podQueue = cfg.NewQueue(QueuePods)
