@@ -318,8 +318,12 @@ func (a *ActualState) gcNodeLocked(name string) {
 // SetNode records what the Node object says, unless the controller already
 // knows a newer version of it. It returns the keys of the node's attachments
 // whose decision may change: all of them when readiness, management or the
-// out-of-service taint changed, else those whose in-use flag changed.
-func (a *ActualState) SetNode(name string, info NodeInfo) []Key {
+// out-of-service taint changed, else those whose in-use flag changed. And
+// it reports whether the node turned managed (known to exist unmanaged
+// before): then what its pods want there with no attachment yet, decided
+// "not managed" while it was, must be decided again too, which this record
+// of attachments cannot list.
+func (a *ActualState) SetNode(name string, info NodeInfo) (keys []Key, turnedManaged bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	info.Exists, info.Seen = true, true
@@ -329,7 +333,7 @@ func (a *ActualState) SetNode(name string, info NodeInfo) []Key {
 		// An informer event older than what the controller already knows
 		// (the answer of its own status write): what kubelet had mounted
 		// then must not replace what it has mounted now.
-		return nil
+		return nil, false
 	}
 	n.info = info
 	a.countZoneLocked(old, -1)
@@ -337,13 +341,12 @@ func (a *ActualState) SetNode(name string, info NodeInfo) []Key {
 	a.forgetDeletedLocked(name)
 	all := old.Exists != info.Exists || old.Managed != info.Managed || old.Ready != info.Ready ||
 		old.OutOfService != info.OutOfService
-	var keys []Key
 	for v := range n.attachments {
 		if all || old.InUse[v] != info.InUse[v] {
 			keys = append(keys, Key{Volume: v, Node: name})
 		}
 	}
-	return keys
+	return keys, old.Exists && !old.Managed && info.Managed
 }
 
 // Stale reports whether resourceVersion is older than the version of the

@@ -171,7 +171,7 @@ func TestActualStateSetNode(t *testing.T) {
 			if tt.before != nil {
 				a.SetNode("n1", *tt.before)
 			}
-			got := a.SetNode("n1", tt.after)
+			got, _ := a.SetNode("n1", tt.after)
 			if !sameKeys(got, tt.want) {
 				t.Errorf("SetNode touched %v, want %v", got, tt.want)
 			}

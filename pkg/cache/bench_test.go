@@ -185,7 +185,7 @@ func BenchmarkActualStateSetNode(b *testing.B) {
 	info, _ := a.Node(benchNode(42))
 	b.ReportAllocs()
 	for b.Loop() {
-		if keys := a.SetNode(benchNode(42), info); len(keys) != 0 {
+		if keys, _ := a.SetNode(benchNode(42), info); len(keys) != 0 {
 			b.Fatalf("unchanged node touched %v", keys)
 		}
 	}

@@ -59,7 +59,7 @@ func TestSetNodeIgnoresOlderVersions(t *testing.T) {
 	mounted := NodeInfo{Managed: true, Ready: true, ResourceVersion: "20", InUse: map[volume.Name]bool{volA: true}}
 	a.SetNode("n1", mounted)
 	older := NodeInfo{Managed: true, Ready: true, ResourceVersion: "19", InUse: map[volume.Name]bool{}}
-	if keys := a.SetNode("n1", older); keys != nil {
+	if keys, _ := a.SetNode("n1", older); keys != nil {
 		t.Errorf("older version touched %v", keys)
 	}
 	if n, _ := a.Node("n1"); !n.InUse[volA] || n.ResourceVersion != "20" {
@@ -69,7 +69,7 @@ func TestSetNodeIgnoresOlderVersions(t *testing.T) {
 		t.Error("Stale does not tell an older version from a newer or unknown one")
 	}
 	newer := NodeInfo{Managed: true, Ready: true, ResourceVersion: "21", InUse: map[volume.Name]bool{}}
-	if keys := a.SetNode("n1", newer); len(keys) != 1 {
+	if keys, _ := a.SetNode("n1", newer); len(keys) != 1 {
 		t.Errorf("newer version touched %v, want the unmounted key", keys)
 	}
 }

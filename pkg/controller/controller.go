@@ -309,7 +309,7 @@ func New(cfg Config) (*Controller, error) {
 		volume.KindCSI:    c.csi,
 		volume.KindInTree: mechanism.NewInTree(cfg.InTree),
 	}, cfg.Recorder, cfg.Metrics, cfg.Reconciler)
-	c.writer = nodestatus.NewWriter(cfg.Client, c.actual, c.writtenNodeInfo)
+	c.writer = nodestatus.NewWriter(cfg.Client, c.actual, c.nodeWritten)
 	c.writer.Hold, c.writer.Clock = cfg.StatusHold, cfg.Clock
 	c.syncVolumeKey, c.syncNodeStatus, c.statusDiffers = c.syncVolume, c.syncStatus, c.rewriteStatus
 	if cfg.Shadow != nil {

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -145,7 +146,7 @@ func TestStatusWriteAnswerAndStaleSyncKeepTheChange(t *testing.T) {
 	f, k, vol := unmanagedNodeWithAttachment(t)
 	// pod-b created (its add queued, not read); the node made managed.
 	f.load(append(vol, pod("pod-b", "node-1", "claim-b"), node("node-1", resourceVersion("11")))...)
-	f.c.actual.SetNode("node-1", f.c.writtenNodeInfo(node("node-1", resourceVersion("12"))))
+	f.c.nodeWritten(node("node-1", resourceVersion("12")))
 	if d := f.c.reconciler.Decide(k, epoch); d.Action == "withdraw" || d.Action == "detach" {
 		t.Errorf("after the write's answer, before any node sync: %v", d)
 	}
@@ -171,5 +172,46 @@ func TestMarkOfAPodNowOnAnotherNodeIsCleared(t *testing.T) {
 	f.c.markPods("node-1", []*v1.Pod{pod("pod-a", "node-1")})
 	if f.c.desired.PartialOn("node-1") {
 		t.Error("node-1 held by the mark of a pod now on node-2")
+	}
+}
+
+// The node's managed annotation removed and put back by someone else, each
+// state seen first in the answer of a status write (the informer, which
+// relisted, shows neither): a volume a pod there wants with no attachment
+// on the node, decided "not managed" meanwhile, is attached once an answer
+// says managed again. Nothing else wakes it: the node's sync, older than
+// the answer, changes nothing, and reading the pod again changes nothing.
+func TestManagementBackInAStatusAnswerWakesWantedVolumesNotAttached(t *testing.T) {
+	objs := []runtime.Object{csiPV("claim-z", "h9"), claim("claim-z"), pod("pod-z", "node-1", "claim-z"), va("claim-z", "h9", "node-1"),
+		csiPV("claim-b", "h1"), claim("claim-b")}
+	f := newFixture(t, append(objs, node("node-1"))...)
+	f.syncFirst("node-1", []string{"h9"}, "default/pod-z")
+	answers := func(opts ...nodeOpt) {
+		must(t, f.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("nodes"), node("node-1", opts...), ""))
+	}
+	answers(unmanaged, resourceVersion("20"))
+	f.drain()
+	if n, _ := f.c.actual.Node("node-1"); n.Managed {
+		t.Fatal("the answer of the status write does not say unmanaged")
+	}
+	// pod-b comes; its volume is decided while the facts say unmanaged.
+	objs = append(objs, pod("pod-b", "node-1", "claim-b"))
+	f.load(append(objs, node("node-1"))...)
+	must(t, f.c.syncPod(f.ctx, "default/pod-b"))
+	f.drain()
+	f.reset()
+	// Someone else writes the node's status; the controller's next write
+	// answers managed.
+	answers(resourceVersion("30"))
+	f.c.actual.ObserveReport("node-1", nil)
+	f.c.statusQueue.Add("node-1")
+	f.drain()
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	for f.c.Process(f.ctx, QueuePods) {
+	}
+	f.drain()
+	if w := f.writes(); !slices.Contains(w, "create volumeattachments "+volume.AttachmentName("h1", driver, "node-1")) {
+		k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+		t.Errorf("writes %v: h1, wanted by pod-b, not attached; decided %v", w, f.c.reconciler.Decide(k, epoch))
 	}
 }

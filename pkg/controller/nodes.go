@@ -92,7 +92,7 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 		// unwanted (set before the facts say managed).
 		c.touch(c.markPods(name, pods)...)
 	}
-	touched := c.actual.SetNode(name, info)
+	touched := c.setNode(name, info)
 	if readPods {
 		for _, p := range pods {
 			c.podQueue.Add(p.Namespace + "/" + p.Name)
@@ -101,8 +101,9 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 		// this sync: its pod read again through the handler (which queues a
 		// node's pods when it becomes managed) with the node's facts still
 		// saying unmanaged. Reading the pod again changes nothing, and the
-		// facts just set touch only attachments: that look is the one that
-		// wakes it.
+		// facts just set wake what pods want only when they turned managed
+		// (setNode), not when the node is new to them: that look is the one
+		// that wakes it.
 		touched = append(touched, c.desiredOf(name, pods)...)
 	}
 	if !sameAttached(node.Status.VolumesAttached, c.actual.Reported(name)) {
@@ -132,16 +133,30 @@ func (c *Controller) markPods(node string, pods []*v1.Pod) []cache.Key {
 	return touched
 }
 
-// writtenNodeInfo is NodeInfo for the answer of a node status write. An
-// answer that says managed before the node's sync has read so marks the
-// node's pods unread first and queues them, as that sync would (syncNode):
-// the sync, which compares with what it read last, may see no change.
-func (c *Controller) writtenNodeInfo(node *v1.Node) cache.NodeInfo {
+// nodeWritten records the facts of the answer of a node status write and
+// returns the keys whose decision may change. An answer that says managed
+// before the node's sync has read so marks the node's pods unread first and
+// queues them, as that sync would (syncNode): the sync, which compares with
+// what it read last, may see no change.
+func (c *Controller) nodeWritten(node *v1.Node) []cache.Key {
 	info := NodeInfo(node)
 	if old, ok := c.actual.Node(node.Name); info.Managed && (!ok || !old.Exists || !old.Managed) {
 		c.touch(c.markPods(node.Name, c.podsOn(node.Name))...)
 	}
-	return info
+	return c.setNode(node.Name, info)
+}
+
+// setNode records a node's facts and returns the keys whose decision may
+// change: its attachments (ActualState.SetNode) and, when it turned
+// managed, what its pods want there as last read: a volume with no
+// attachment there yet was decided "not managed", and however the change is
+// learned (a sync, the answer of a status write), nothing else wakes it.
+func (c *Controller) setNode(name string, info cache.NodeInfo) []cache.Key {
+	keys, turnedManaged := c.actual.SetNode(name, info)
+	if turnedManaged {
+		keys = append(keys, c.desiredOf(name, c.podsOn(name))...)
+	}
+	return keys
 }
 
 // desiredOf returns the keys pods, on node, want, as last read.

@@ -112,7 +112,7 @@ func TestManagementSeenFirstInStatusAnswersLeavesNoPodUnread(t *testing.T) {
 
 	written := func(rv string, opts ...nodeOpt) {
 		n := node("node-1", append(opts, resourceVersion(rv), inUse(csiName("h1"), csiName("h2")))...)
-		f.c.actual.SetNode("node-1", f.c.writtenNodeInfo(n))
+		f.c.nodeWritten(n)
 	}
 	written("20", unmanaged)
 	written("30")

@@ -23,9 +23,9 @@ import (
 
 // Writer brings node.status.volumesAttached in line with the actual state.
 type Writer struct {
-	client kubernetes.Interface
-	actual *cache.ActualState
-	facts  func(*v1.Node) cache.NodeInfo
+	client  kubernetes.Interface
+	actual  *cache.ActualState
+	setNode func(*v1.Node) []cache.Key
 	// Hold is how long a write that only adds volumes may wait for the
 	// other attaches under way on its node (cache.ActualState.HoldReport);
 	// zero: none waits.
@@ -33,12 +33,13 @@ type Writer struct {
 	Clock clock.PassiveClock
 }
 
-// NewWriter returns a Writer. facts reads the node facts of the Node a
-// status write returns: the newest the controller can know, at least as new
+// NewWriter returns a Writer. setNode records the node facts of the Node a
+// status write returns, the newest the controller can know, at least as new
 // as the write (kubelet may have mounted a volume just before a withdraw
-// landed; only that answer is sure to say so).
-func NewWriter(client kubernetes.Interface, actual *cache.ActualState, facts func(*v1.Node) cache.NodeInfo) *Writer {
-	return &Writer{client: client, actual: actual, facts: facts, Clock: clock.RealClock{}}
+// landed; only that answer is sure to say so), and returns the keys whose
+// decision may change.
+func NewWriter(client kubernetes.Interface, actual *cache.ActualState, setNode func(*v1.Node) []cache.Key) *Writer {
+	return &Writer{client: client, actual: actual, setNode: setNode, Clock: clock.RealClock{}}
 }
 
 // Sync writes the node's report if it changed. It returns the keys whose
@@ -77,7 +78,7 @@ func (w *Writer) write(ctx context.Context, node string) ([]cache.Key, error) {
 	}
 	// The node's facts as of the write first: a withdrawn volume's detach
 	// must see a mount reported before the write.
-	keys := w.actual.SetNode(node, w.facts(written))
+	keys := w.setNode(written)
 	ended, landed := w.actual.EndReportOn(node, string(written.UID), want)
 	keys = append(keys, ended...)
 	if !landed {

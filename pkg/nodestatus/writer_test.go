@@ -66,7 +66,11 @@ func newFixture(t *testing.T, nodes []*v1.Node, attachments []cache.Attachment, 
 	for _, a := range attachments {
 		actual.Update(a.Key, true, func(at *cache.Attachment) { *at = a })
 	}
-	return &fixture{client: client, actual: actual, writer: NewWriter(client, actual, testFacts)}
+	setNode := func(n *v1.Node) []cache.Key {
+		keys, _ := actual.SetNode(n.Name, testFacts(n))
+		return keys
+	}
+	return &fixture{client: client, actual: actual, writer: NewWriter(client, actual, setNode)}
 }
 
 func TestWriterSync(t *testing.T) {
