@@ -465,13 +465,16 @@ func samePodFacts(a, b *v1.Pod) bool {
 
 func (c *Controller) pvChanged(obj any) {
 	pv, ok := unwrap(obj).(*v1.PersistentVolume)
-	if !ok || pv.Spec.ClaimRef == nil {
+	if !ok {
 		return
 	}
-	c.enqueueClaimPods(pv.Spec.ClaimRef.Namespace + "/" + pv.Spec.ClaimRef.Name)
-	// A VolumeAttachment of this PV can be identified again.
+	// A VolumeAttachment of this PV can be identified again, whether or
+	// not the PV is bound yet (one created again is bound to no claim).
 	for _, va := range c.pvAttachments.get(pv.Name) {
 		c.attachmentQueue.Add(va)
+	}
+	if pv.Spec.ClaimRef != nil {
+		c.enqueueClaimPods(pv.Spec.ClaimRef.Namespace + "/" + pv.Spec.ClaimRef.Name)
 	}
 }
 

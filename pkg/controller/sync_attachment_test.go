@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -168,5 +169,31 @@ func TestSyncAttachment(t *testing.T) {
 			checkList(t, "node status queued", f.queued(QueueNodeStatus), tc.wantStatus)
 			checkList(t, "API writes", f.writes(), nil)
 		})
+	}
+}
+
+// A VolumeAttachment whose PV is missing is left alone; the PV created
+// again, bound to no claim yet (the claim is gone, or not bound again yet),
+// makes it identifiable: it is synced again and recorded, so that a
+// handoff waits for its attach and a detach can find it.
+func TestAttachmentOfAPVCreatedAgainIsSyncedAgain(t *testing.T) {
+	attachment := va("claim-a", "h1", "node-1", attachError("timeout"))
+	f := newFixture(t, attachment, node("node-1"))
+	must(t, f.c.syncAttachment(f.ctx, attachment.Name))
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	if _, ok := f.c.actual.Get(k); ok {
+		t.Fatalf("%v recorded with its PV missing", k)
+	}
+	f.reset()
+	pv := csiPV("claim-a", "h1")
+	pv.Spec.ClaimRef = nil
+	f.load(attachment, node("node-1"), pv)
+	f.c.pvChanged(pv)
+	if q := f.queued(QueueVolumeAttachments); !slices.Contains(q, attachment.Name) {
+		t.Fatalf("queued VolumeAttachments %v after its PV came back, want %s", q, attachment.Name)
+	}
+	must(t, f.c.syncAttachment(f.ctx, attachment.Name))
+	if a, ok := f.c.actual.Get(k); !ok || a.State != cache.Uncertain {
+		t.Errorf("%v after its PV came back: %+v (recorded %v), want an attach under way", k, a, ok)
 	}
 }
