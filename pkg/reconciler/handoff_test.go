@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2/ktesting"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
@@ -34,6 +35,7 @@ func TestContinuesOperation(t *testing.T) {
 		{"detach of an attach never confirmed", Detach, cache.Attachment{State: cache.Uncertain}, true, true},
 		{"wait for unmount", Wait, cache.Attachment{State: cache.Attached}, true, false},
 		{"wait before the detach of an attach never confirmed", Wait, cache.Attachment{State: cache.Uncertain}, true, true},
+		{"wait to finish a detach that began and failed", Wait, cache.Attachment{State: cache.Attached, Withdrawn: true, DetachStarted: t0}, true, true},
 		{"blocked", Blocked, cache.Attachment{}, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -112,5 +114,40 @@ func TestHandoffFinishesAnUnconfirmedAttachWhilePodsAreRead(t *testing.T) {
 				t.Errorf("during a handoff: %d attaches, %d detaches; want %d, none", m.attaches, m.detaches, want)
 			}
 		})
+	}
+}
+
+// A detach that began and failed, whose next try must wait (its node went
+// NotReady with the volume mounted: the max wait for unmount), is finished
+// during a handoff once it may: the wait is woken, not dropped, so that the
+// handoff is not held by a detach under way that nothing would end.
+func TestHandoffFinishesADetachThatBeganOnceItMay(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	_, ctx := ktesting.NewTestContext(t)
+	clk := clocktesting.NewFakePassiveClock(t0)
+	desired, actual := cache.NewDesiredState(), cache.NewActualState()
+	actual.SetNode(node1, cache.NodeInfo{Managed: true, InUse: map[volume.Name]bool{specA.Name: true}})
+	k := key(specA, node1)
+	actual.Update(k, true, func(a *cache.Attachment) {
+		a.State, a.Kind, a.Spec = cache.Attached, specA.Kind, specA
+		a.Withdrawn, a.DetachWanted, a.DetachStarted, a.DetachError = true, t0, t0, "timeout"
+	})
+	m := &countingMechanism{}
+	r := New(desired, actual, map[volume.Kind]Mechanism{volume.KindCSI: m}, record.NewFakeRecorder(10), metrics.New(),
+		Config{MaxWaitForUnmount: time.Minute, Clock: clk})
+	r.HandOver()
+	res, err := r.Sync(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.detaches != 0 || res.RequeueAfter <= 0 {
+		t.Fatalf("within the max wait: %d detaches, synced again after %v; want none, after the wait", m.detaches, res.RequeueAfter)
+	}
+	clk.SetTime(t0.Add(time.Minute))
+	if _, err := r.Sync(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	if m.detaches != 1 {
+		t.Errorf("after the max wait: %d detaches, want 1", m.detaches)
 	}
 }

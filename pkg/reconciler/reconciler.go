@@ -152,14 +152,18 @@ func (r *Reconciler) Syncing() int { return int(r.syncing.Load()) }
 // detach that began (retried after a failure), or the detach of an attach
 // never confirmed, which no node status lists, so that its detach needs no
 // withdrawal and leaves the successor nothing ambiguous. So does the wait
-// before such a detach (the max wait for unmount on a node that is gone):
-// it keeps its timer, since the handoff waits for that detach, and the
-// decision its end brings is gated again.
+// before such a detach (the max wait for unmount on a node that is gone),
+// and the wait before the next try of a detach that began (its node went
+// unhealthy with the volume mounted since): it keeps its timer, since the
+// handoff waits for that detach, and the decision its end brings is gated
+// again.
 func continuesOperation(d Decision) bool {
 	switch d.Action {
 	case Nothing:
 		return true
-	case Attach, Wait:
+	case Wait:
+		return d.HasAttachment && (d.Attachment.State == cache.Uncertain || !d.Attachment.DetachStarted.IsZero())
+	case Attach:
 		return d.HasAttachment && d.Attachment.State == cache.Uncertain
 	case Withdraw:
 		// Of an attach never confirmed: no report lists it.
