@@ -329,10 +329,12 @@ func (a *ActualState) SetNode(name string, info NodeInfo) (keys []Key, turnedMan
 	info.Exists, info.Seen = true, true
 	n := a.nodeLocked(name)
 	old := n.info
-	if old.Exists && older(info.ResourceVersion, old.ResourceVersion) {
+	if older(info.ResourceVersion, old.ResourceVersion) {
 		// An informer event older than what the controller already knows
 		// (the answer of its own status write): what kubelet had mounted
-		// then must not replace what it has mounted now.
+		// then must not replace what it has mounted now. Nor does an
+		// answer that landed before the node's deletion, read since,
+		// bring the node back.
 		return nil, false
 	}
 	n.info = info

@@ -74,6 +74,32 @@ func TestSetNodeIgnoresOlderVersions(t *testing.T) {
 	}
 }
 
+// The answer of a status write that landed before the node was deleted,
+// coming after its deletion was read, does not bring the node back: its
+// volumes would be taken for those of an existing node (unmanaged, as the
+// answer said, they would never be detached). A node created again, newer
+// than the deletion, is.
+func TestSetNodeIgnoresVersionsOlderThanTheDeletion(t *testing.T) {
+	a := NewActualState()
+	a.Update(k(volA, "n1"), true, func(at *Attachment) { at.State = Attached })
+	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, ResourceVersion: "20", UID: "uid-1"})
+	a.DeleteNode("n1", true, time.Time{})
+	answer := NodeInfo{Ready: true, ResourceVersion: "19", UID: "uid-1"}
+	if keys, _ := a.SetNode("n1", answer); keys != nil {
+		t.Errorf("version older than the deletion touched %v", keys)
+	}
+	if n, _ := a.Node("n1"); n.Exists || !n.Managed {
+		t.Errorf("node %+v after an answer older than its deletion: want it gone, as last seen (managed)", n)
+	}
+	again := NodeInfo{Managed: true, Ready: true, ResourceVersion: "21", UID: "uid-2"}
+	if keys, _ := a.SetNode("n1", again); len(keys) != 1 {
+		t.Errorf("node created again touched %v, want its attachment", keys)
+	}
+	if n, _ := a.Node("n1"); !n.Exists || n.UID != "uid-2" {
+		t.Errorf("node %+v after it was created again", n)
+	}
+}
+
 func TestNodeGoneMountsUnknownUntilItsLastStateIsRead(t *testing.T) {
 	a := NewActualState()
 	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, InUse: map[volume.Name]bool{}})
