@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"maps"
+	"slices"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -120,7 +122,8 @@ func (s *Sim) endPartition() {
 	if len(s.zone.partitioned) == 0 {
 		return
 	}
-	for name := range s.zone.partitioned {
+	// In name order: a seed replays exactly.
+	for _, name := range slices.Sorted(maps.Keys(s.zone.partitioned)) {
 		if n := s.w.node(name); n != nil && !ready(n) {
 			n = n.DeepCopy()
 			n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}
