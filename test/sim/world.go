@@ -142,7 +142,9 @@ func (w *world) update(resource string, o object) bool {
 	return true
 }
 
-// remove deletes the object at key (it is gone: finalizers done).
+// remove deletes the object at key (it is gone: finalizers done). Its
+// delete event carries its last state at the revision of the delete, as the
+// API server's watch sends it: what was written before the delete is older.
 func (w *world) remove(resource, key string) {
 	o, ok := w.objects[resource][key]
 	if !ok {
@@ -150,6 +152,8 @@ func (w *world) remove(resource, key string) {
 	}
 	w.rv++
 	delete(w.objects[resource], key)
+	o = o.DeepCopyObject().(object)
+	o.SetResourceVersion(strconv.Itoa(w.rv))
 	w.emit(resource, deleted, o)
 }
 
