@@ -2,6 +2,7 @@ package sim
 
 import (
 	"slices"
+	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -115,7 +116,10 @@ func (s *Sim) thirdPartyCreate() {
 // status.volumesAttached, or puts back one it took out, as
 // kube-controller-manager writes the list it believes in. It lists nothing
 // the controller did not list last: kubelet would mount what it lists,
-// under a detach the controller decided on what it had written.
+// under a detach the controller decided on what it had written. Nor does it
+// list again an in-tree volume whose attachment was forgotten with the
+// controller's memory since: the iSCSI attacher only records, so listing
+// it would attach it again, where nobody knows of it.
 func (s *Sim) thirdPartyPatchStatus() {
 	nodes := s.w.list(rNodes)
 	if len(nodes) == 0 {
@@ -125,9 +129,11 @@ func (s *Sim) thirdPartyPatchStatus() {
 	l := n.Status.VolumesAttached
 	var removed []string
 	for name := range s.thirdPartyRemoved[n.Name] {
-		if !slices.ContainsFunc(l, func(a v1.AttachedVolume) bool { return string(a.Name) == name }) {
-			removed = append(removed, name)
+		if slices.ContainsFunc(l, func(a v1.AttachedVolume) bool { return string(a.Name) == name }) ||
+			(!strings.HasPrefix(name, "kubernetes.io/csi/") && !s.intree[n.Name][name]) {
+			continue
 		}
+		removed = append(removed, name)
 	}
 	slices.Sort(removed)
 	var name string
