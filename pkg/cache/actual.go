@@ -45,6 +45,13 @@ type Attachment struct {
 	// nothing newer than that delete.
 	AttachmentName string
 	AttachmentUID  string
+	// CreatedUID is the UID of the VolumeAttachment the controller created
+	// under AttachmentName, until an informer event of it is read
+	// (CreatedUnknown when the create's answer did not come): an object
+	// the lister shows meanwhile under that name may be an older one, gone
+	// before the create, so that its deletion proves nothing of what is
+	// there now. "" when no create awaits its event.
+	CreatedUID string
 	// AttachError and DetachError are the last errors the mechanism reported.
 	AttachError string
 	DetachError string
@@ -61,6 +68,10 @@ type Attachment struct {
 	// start of the max wait for unmount); zero while it is wanted.
 	DetachWanted time.Time
 }
+
+// CreatedUnknown is Attachment.CreatedUID after a create whose answer did
+// not come (or said the object exists): no object has it.
+const CreatedUnknown = "(unknown)"
 
 // Announced reports whether the attach the controller started has been
 // announced (event, metric); recovered attachments need no announcement.

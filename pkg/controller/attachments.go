@@ -35,10 +35,11 @@ func (c *Controller) syncAttachment(ctx context.Context, name string) error {
 			if a.AttachmentName != name {
 				return nil
 			}
-			if a.AttachmentUID == "" {
-				// Not proof: the object on record was never seen, and may
-				// be the controller's own create, made after the delete of
-				// an older object of that name. The API says.
+			if a.AttachmentUID == "" || a.CreatedUID != "" {
+				// Not proof: the object on record was never seen, or the
+				// controller created one of that name since it saw it (the
+				// object gone may be an older one, shown after the
+				// create). The API says.
 				_, err := c.client.StorageV1().VolumeAttachments().Get(ctx, name, metav1.GetOptions{})
 				switch {
 				case err == nil:
@@ -69,6 +70,11 @@ func (c *Controller) syncAttachment(ctx context.Context, name string) error {
 		return nil
 	}
 	changed := c.actual.Update(k, true, func(a *cache.Attachment) {
+		if a.CreatedUID == string(va.UID) {
+			// The object the controller created is seen: one the lister
+			// shows later is newer.
+			a.CreatedUID = ""
+		}
 		if a.State == cache.Detaching && !a.DetachStarted.IsZero() && va.DeletionTimestamp == nil &&
 			a.AttachmentName == name && a.AttachmentUID == string(va.UID) {
 			// The object whose delete the controller started, as it was

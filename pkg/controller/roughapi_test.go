@@ -2,12 +2,15 @@ package controller
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
 
 	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	k8stesting "k8s.io/client-go/testing"
 	toolscache "k8s.io/client-go/tools/cache"
 
@@ -192,5 +195,50 @@ func TestVolumeAttachmentOfANewUIDEndsTheDetachOfTheOld(t *testing.T) {
 	must(t, f.c.syncAttachment(f.ctx, volume.AttachmentName("h1", driver, "node-1")))
 	if a, _ := f.c.actual.Get(k); a.State != cache.Attached || !a.DetachStarted.IsZero() || a.Withdrawn {
 		t.Errorf("%+v: want the new object attached, no detach started", a)
+	}
+}
+
+// node-1's VolumeAttachment of a single-node volume, created by the
+// controller, is deleted by someone else before any event of it is read;
+// node-1's key creates it again. The informer, behind, then shows the first
+// object and its deletion: neither is the object now there. The deletion's
+// sync must not take the record for gone, or node-2, whose pod waits,
+// attaches the volume too.
+func TestOlderVolumeAttachmentSeenAfterTheCreateIsNotTakenForIt(t *testing.T) {
+	name := volume.AttachmentName("h1", driver, "node-1")
+	objs := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), pod("pod-a", "node-1", "claim-a"),
+		pod("pod-b", "node-2", "claim-a"), node("node-1"), node("node-2")}
+	f := newFixture(t, objs...)
+	uids := 0
+	f.client.PrependReactor("create", "volumeattachments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		uids++
+		a.(k8stesting.CreateAction).GetObject().(metav1.Object).SetUID(types.UID(fmt.Sprintf("uid-%d", uids)))
+		return false, nil, nil
+	})
+	f.syncFirst("node-1", nil, "default/pod-a")
+	must(t, f.c.syncNode(f.ctx, "node-2"))
+	must(t, f.c.syncPod(f.ctx, "default/pod-b"))
+	k1 := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	must(t, f.c.syncVolume(f.ctx, k1))
+	first, err := f.client.StorageV1().VolumeAttachments().Get(f.ctx, name, metav1.GetOptions{})
+	must(t, err)
+	must(t, f.client.Tracker().Delete(vaResource, "", name))
+	must(t, f.c.syncVolume(f.ctx, k1))
+	if w := f.writes(); !slices.Contains(w, "create volumeattachments "+name) || uids != 2 {
+		t.Fatalf("writes %v: node-1's VolumeAttachment not created again", w)
+	}
+	// The informer shows the first object, then its deletion.
+	f.load(append(objs, first)...)
+	must(t, f.c.syncAttachment(f.ctx, name))
+	f.load(objs...)
+	must(t, f.c.syncAttachment(f.ctx, name))
+	if _, ok := f.c.actual.Get(k1); !ok {
+		t.Fatal("node-1's attach under way is no longer on record")
+	}
+	f.reset()
+	must(t, f.c.syncVolume(f.ctx, cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-2"}))
+	f.drain()
+	if w := f.writes(); slices.Contains(w, "create volumeattachments "+volume.AttachmentName("h1", driver, "node-2")) {
+		t.Errorf("writes %v: the ReadWriteOnce volume was attached to node-2 while node-1's attach is under way", w)
 	}
 }

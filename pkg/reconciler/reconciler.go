@@ -367,6 +367,14 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 			// detached (syncAttachment asks the API instead).
 			a.AttachmentUID = ""
 		}
+		if res.Created {
+			// Until its event is read, an object of that name the lister
+			// shows may be the one before (syncAttachment).
+			a.CreatedUID = res.UID
+			if res.UID == "" {
+				a.CreatedUID = cache.CreatedUnknown
+			}
+		}
 		// The volume was not attached when the attach was decided: an
 		// attachment seen attached now completed inside the call (the
 		// VolumeAttachment's informer can mark it before Attach returns).
