@@ -83,10 +83,13 @@ func (c *Controller) syncAttachment(ctx context.Context, name string) error {
 			// reported) again.
 			return
 		}
-		if a.AttachmentUID != "" && a.AttachmentUID != string(va.UID) {
+		if a.AttachmentUID != "" && a.AttachmentUID != string(va.UID) && a.State == cache.Detaching {
 			// Another object of that name (a relist shows the one seen
-			// gone and another created): a detach of the one before is
-			// over, and no detach of this one has started.
+			// gone and another created): the deletion of the one before
+			// is over, and no detach of this one has started. Not so
+			// while a detach call may be on its way (started, its delete
+			// not seen accepted): it deletes whatever is under the name,
+			// this object too, and stays started, out of every report.
 			a.DetachStarted, a.Withdrawn, a.DetachWanted = time.Time{}, false, time.Time{}
 		}
 		a.Kind = volume.KindCSI

@@ -242,3 +242,28 @@ func TestOlderVolumeAttachmentSeenAfterTheCreateIsNotTakenForIt(t *testing.T) {
 		t.Errorf("writes %v: the ReadWriteOnce volume was attached to node-2 while node-1's attach is under way", w)
 	}
 }
+
+// The detach of a volume no pod wants has started (its delete call is on
+// its way, and deletes whatever object is under the name then) when
+// another VolumeAttachment of that name is seen, attached: someone created
+// it again. The detach is not taken as over: the volume stays out of every
+// node status report until it is finished, or kubelet could mount what the
+// delete on its way detaches.
+func TestVolumeAttachmentOfANewUIDDuringADetachCallKeepsItStarted(t *testing.T) {
+	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), node("node-1")}
+	f := newFixture(t, append(vol, va("claim-a", "h1", "node-1"))...)
+	f.syncFirst("node-1", []string{"h1"})
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	f.c.actual.Update(k, false, func(a *cache.Attachment) { a.Withdrawn = true })
+	if !f.c.actual.BeginDetach(k, epoch) {
+		t.Fatal("detach not started")
+	}
+	f.load(append(vol, va("claim-a", "h1", "node-1", func(a *storagev1.VolumeAttachment) { a.UID = "uid-new" }))...)
+	must(t, f.c.syncAttachment(f.ctx, volume.AttachmentName("h1", driver, "node-1")))
+	if a, _ := f.c.actual.Get(k); a.DetachStarted.IsZero() || !a.Withdrawn {
+		t.Errorf("detach started %v, withdrawn %v; want both", a.DetachStarted, a.Withdrawn)
+	}
+	if list, _ := f.c.actual.BeginReport("node-1"); len(list) != 0 {
+		t.Errorf("node report %v lists the volume whose detach is on its way", list)
+	}
+}
