@@ -49,6 +49,16 @@ func (c *Controller) syncAttachment(ctx context.Context, name string) error {
 					return fmt.Errorf("get VolumeAttachment %s: %w", name, err)
 				}
 			}
+			if !a.DetachStarted.IsZero() && a.State != cache.Detaching {
+				// A detach call may be on its way (its delete not seen
+				// accepted): it deletes whatever is under the name, an
+				// object created again too. The one on record is gone;
+				// the detach stays started, out of every report, until
+				// its answer or its next try (which asks the API) ends it.
+				c.actual.Update(k, false, func(a *cache.Attachment) { a.AttachmentUID = "" })
+				c.touch(k)
+				return nil
+			}
 			if !a.DetachStarted.IsZero() {
 				c.cfg.Metrics.ObserveOperation(volume.MetricPluginName(k.Volume), metrics.OperationDetach,
 					a.Spec != nil && a.Spec.Migrated, true, c.clock.Since(a.DetachStarted))

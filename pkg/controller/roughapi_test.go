@@ -267,3 +267,31 @@ func TestVolumeAttachmentOfANewUIDDuringADetachCallKeepsItStarted(t *testing.T) 
 		t.Errorf("node report %v lists the volume whose detach is on its way", list)
 	}
 }
+
+// The detach of a volume no pod wants has started (its delete call is on
+// its way) when its VolumeAttachment is seen gone, then another of that
+// name, attached: someone deleted the first and created it again. The
+// delete on its way deletes whatever is under the name: the record is not
+// dropped as detached, and the volume stays out of every node status
+// report until that detach is finished.
+func TestVolumeAttachmentGoneDuringADetachCallKeepsItStarted(t *testing.T) {
+	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), node("node-1")}
+	f := newFixture(t, append(vol, va("claim-a", "h1", "node-1"))...)
+	f.syncFirst("node-1", []string{"h1"})
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	f.c.actual.Update(k, false, func(a *cache.Attachment) { a.Withdrawn = true })
+	if !f.c.actual.BeginDetach(k, epoch) {
+		t.Fatal("detach not started")
+	}
+	name := volume.AttachmentName("h1", driver, "node-1")
+	f.load(vol...)
+	must(t, f.c.syncAttachment(f.ctx, name))
+	if a, ok := f.c.actual.Get(k); !ok || a.DetachStarted.IsZero() {
+		t.Fatalf("on record %v, detach started %v: want the detach on its way kept", ok, a.DetachStarted)
+	}
+	f.load(append(vol, va("claim-a", "h1", "node-1", func(a *storagev1.VolumeAttachment) { a.UID = "uid-new" }))...)
+	must(t, f.c.syncAttachment(f.ctx, name))
+	if list, _ := f.c.actual.BeginReport("node-1"); len(list) != 0 {
+		t.Errorf("node report %v lists the volume whose detach is on its way", list)
+	}
+}
