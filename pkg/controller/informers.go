@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"maps"
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
@@ -399,12 +400,13 @@ func objectHandler(fn func(obj any)) toolscache.ResourceEventHandlerFuncs {
 // nodeChanged queues the node, unless the update only echoes a status the
 // controller wrote or carries nothing the controller reads (heartbeats). An
 // update that looks the same to the informer but lists other volumes than
-// the controller reported is queued: a relist may bring back what the
-// informer had cached while the controller's own writes changed it since.
+// the controller reported, or says other than the node's facts, is queued:
+// a relist may bring back what the informer had cached while the
+// controller's own writes, and their answers, changed it since.
 func (c *Controller) nodeChanged(oldObj, obj any) {
 	if o, ok := oldObj.(*v1.Node); ok {
 		n, ok := obj.(*v1.Node)
-		if ok && sameNodeFacts(o, n) && sameAttached(n.Status.VolumesAttached, c.actual.Reported(n.Name)) {
+		if ok && sameNodeFacts(o, n) && sameAttached(n.Status.VolumesAttached, c.actual.Reported(n.Name)) && c.knownFacts(n) {
 			return
 		}
 		if ok && managed(o) != managed(n) {
@@ -415,6 +417,19 @@ func (c *Controller) nodeChanged(oldObj, obj any) {
 	if k, err := toolscache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 		c.nodeQueue.Add(k)
 	}
+}
+
+// knownFacts reports whether n says what the node's facts hold: the answer
+// of a status write may have set them since the informer's copy, which a
+// relist brings back as an update that looks the same to it.
+func (c *Controller) knownFacts(n *v1.Node) bool {
+	known, ok := c.actual.Node(n.Name)
+	if !ok || !known.Exists {
+		return false
+	}
+	says := NodeInfo(n)
+	return says.UID == known.UID && says.Managed == known.Managed && says.Ready == known.Ready &&
+		says.OutOfService == known.OutOfService && says.Zone == known.Zone && maps.Equal(says.InUse, known.InUse)
 }
 
 // nodeAdded queues the node and its pods: a pod synced while its node was

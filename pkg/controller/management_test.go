@@ -215,3 +215,28 @@ func TestManagementBackInAStatusAnswerWakesWantedVolumesNotAttached(t *testing.T
 		t.Errorf("writes %v: h1, wanted by pod-b, not attached; decided %v", w, f.c.reconciler.Decide(k, epoch))
 	}
 }
+
+// The node's managed annotation removed and put back; the answer of a
+// status write that changed nothing (no new version, no event) is the only
+// one to show the removal, and the informer, which relisted, shows the
+// node as it had it: managed, the same to its eyes. That update is synced
+// all the same: the node's facts, from the answer, say otherwise, and
+// nothing else would make them right.
+func TestNodeUpdateTheInformerSeesAsTheSameIsSyncedWhenTheFactsDiffer(t *testing.T) {
+	f := newFixture(t, node("node-1"))
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	f.c.nodeWritten(node("node-1", unmanaged, resourceVersion("20")))
+	f.reset()
+	f.c.nodeChanged(node("node-1"), node("node-1", resourceVersion("30")))
+	if q := f.queued(QueueNodes); !slices.Contains(q, "node-1") {
+		t.Errorf("queued nodes %v: node-1, unmanaged in its facts, managed in the update, not synced", q)
+	}
+	// A heartbeat that says what the facts hold is still left out.
+	f.load(node("node-1", resourceVersion("30")))
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	f.reset()
+	f.c.nodeChanged(node("node-1", resourceVersion("30")), node("node-1", resourceVersion("31")))
+	if q := f.queued(QueueNodes); len(q) != 0 {
+		t.Errorf("queued nodes %v for an update that changes nothing the controller reads", q)
+	}
+}
