@@ -67,6 +67,9 @@ type Attachment struct {
 	// DetachWanted is when the controller first wanted to detach it (the
 	// start of the max wait for unmount); zero while it is wanted.
 	DetachWanted time.Time
+
+	// rev changes with every change of the attachment (DeleteUnchanged).
+	rev uint64
 }
 
 // CreatedUnknown is Attachment.CreatedUID after a create whose answer did
@@ -111,7 +114,9 @@ func (n NodeInfo) Healthy() bool { return n.Exists && n.Ready }
 
 // ActualState records attachments and node facts.
 type ActualState struct {
-	mu      sync.RWMutex
+	mu sync.RWMutex
+	// revs numbers the changes of attachments (Attachment.rev).
+	revs    uint64
 	volumes map[volume.Name]map[string]*Attachment
 	nodes   map[string]*nodeEntry
 	// byAttachmentName finds the key of a VolumeAttachment whose source can
@@ -219,6 +224,10 @@ func (a *ActualState) Update(k Key, create bool, fn func(*Attachment)) bool {
 	before := *at
 	fn(at)
 	at.Key = k
+	if !ok || before != *at {
+		a.revs++
+		at.rev = a.revs
+	}
 	if !ok {
 		a.byPlugin[volume.MetricPluginName(k.Volume)]++
 	} else {
@@ -268,6 +277,27 @@ func (a *ActualState) Delete(k Key) bool {
 	if !ok {
 		return false
 	}
+	a.deleteLocked(k, at)
+	return true
+}
+
+// DeleteUnchanged forgets the attachment at k, as Delete, unless it changed
+// since seen was read (Get): a decision to drop it taken on seen and on an
+// answer of the API, while the controller's own create under its name was
+// recorded meanwhile, would drop what that create made. It reports whether
+// it was dropped.
+func (a *ActualState) DeleteUnchanged(k Key, seen Attachment) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	at, ok := a.volumes[k.Volume][k.Node]
+	if !ok || at.rev != seen.rev {
+		return false
+	}
+	a.deleteLocked(k, at)
+	return true
+}
+
+func (a *ActualState) deleteLocked(k Key, at *Attachment) {
 	delete(a.volumes[k.Volume], k.Node)
 	if len(a.volumes[k.Volume]) == 0 {
 		delete(a.volumes, k.Volume)
@@ -290,7 +320,6 @@ func (a *ActualState) Delete(k Key) bool {
 		}
 		a.gcNodeLocked(k.Node)
 	}
-	return true
 }
 
 func (a *ActualState) markUnrecordedLocked(n *nodeEntry, v volume.Name) {

@@ -59,11 +59,17 @@ func (c *Controller) syncAttachment(ctx context.Context, name string) error {
 				c.touch(k)
 				return nil
 			}
+			if !c.actual.DeleteUnchanged(k, a) {
+				// Changed while the API was asked (the controller's own
+				// create, made since, may have its answer on record): the
+				// API's answer may predate it. Looked at again.
+				c.attachmentQueue.Add(name)
+				return nil
+			}
 			if !a.DetachStarted.IsZero() {
 				c.cfg.Metrics.ObserveOperation(volume.MetricPluginName(k.Volume), metrics.OperationDetach,
 					a.Spec != nil && a.Spec.Migrated, true, c.clock.Since(a.DetachStarted))
 			}
-			c.actual.Delete(k)
 			logger.V(2).Info("VolumeAttachment is gone: volume detached", "volume", k.Volume, "node", k.Node)
 			c.touch(append(c.reconciler.WantedUnderOtherNames(a), k)...)
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -293,5 +294,34 @@ func TestVolumeAttachmentGoneDuringADetachCallKeepsItStarted(t *testing.T) {
 	must(t, f.c.syncAttachment(f.ctx, name))
 	if list, _ := f.c.actual.BeginReport("node-1"); len(list) != 0 {
 		t.Errorf("node report %v lists the volume whose detach is on its way", list)
+	}
+}
+
+// The deletion of a VolumeAttachment the controller created, whose event it
+// has not read, is confirmed with the API; while that answer (gone) is on
+// its way, the volume's worker creates the object again. The answer
+// predates that create: the record is not dropped as detached, or a pod on
+// another node gets the single-node volume too.
+func TestGoneAnswerOlderThanTheControllersCreateDropsNothing(t *testing.T) {
+	name := volume.AttachmentName("h1", driver, "node-1")
+	objs := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), pod("pod-a", "node-1", "claim-a"), node("node-1")}
+	f := newFixture(t, objs...)
+	f.syncFirst("node-1", nil, "default/pod-a")
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	must(t, f.c.syncVolume(f.ctx, k))
+	must(t, f.client.Tracker().Delete(vaResource, "", name))
+	f.reset()
+	f.client.PrependReactor("get", "volumeattachments", func(k8stesting.Action) (bool, runtime.Object, error) {
+		// The volume's worker creates it again while the answer is on
+		// its way, and records its create's answer.
+		f.c.actual.Update(k, false, func(a *cache.Attachment) { a.AttachmentUID, a.CreatedUID = "", "uid-again" })
+		return true, nil, apierrors.NewNotFound(storagev1.Resource("volumeattachments"), name)
+	})
+	must(t, f.c.syncAttachment(f.ctx, name))
+	if _, ok := f.c.actual.Get(k); !ok {
+		t.Error("the attach created again is no longer on record")
+	}
+	if q := f.queued(QueueVolumeAttachments); !slices.Contains(q, name) {
+		t.Errorf("queued VolumeAttachments %v: %s not looked at again", q, name)
 	}
 }
