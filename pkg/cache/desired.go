@@ -433,6 +433,20 @@ func (d *DesiredState) KeysFor(name volume.Name) []Key {
 	return u.keys()
 }
 
+// KeysOn returns the desired keys on node. It reads every entry: for a
+// change as rare as a node's management.
+func (d *DesiredState) KeysOn(node string) []Key {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	var keys []Key
+	for k := range d.entries {
+		if k.Node == node {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
 // Keys returns every desired key.
 func (d *DesiredState) Keys() []Key {
 	d.mu.RLock()

@@ -240,3 +240,23 @@ func TestNodeUpdateTheInformerSeesAsTheSameIsSyncedWhenTheFactsDiffer(t *testing
 		t.Errorf("queued nodes %v for an update that changes nothing the controller reads", q)
 	}
 }
+
+// A node's facts turn managed while the pod that wants a volume there is
+// missing from the informer (deleted and created again under its name, the
+// new one not read yet, and its want unchanged when it is): the volume,
+// decided "not managed" meanwhile, is woken all the same. What is wanted
+// there is the desired state's, not what the informer lists.
+func TestNodeTurningManagedWakesWhatIsWantedThereWhateverTheInformerLists(t *testing.T) {
+	objs := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b")}
+	f := newFixture(t, append(objs, pod("pod-b", "node-1", "claim-b"), node("node-1"))...)
+	f.syncFirst("node-1", nil, "default/pod-b")
+	f.c.nodeWritten(node("node-1", unmanaged, resourceVersion("20")))
+	f.drain()
+	f.load(append(objs, node("node-1", resourceVersion("30")))...)
+	f.reset()
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	if q := f.queued(QueueVolumes); !slices.Contains(q, k.String()) {
+		t.Errorf("queued volumes %v: %v, wanted by pod-b and decided while node-1 was unmanaged, not woken", q, k)
+	}
+}

@@ -148,13 +148,15 @@ func (c *Controller) nodeWritten(node *v1.Node) []cache.Key {
 
 // setNode records a node's facts and returns the keys whose decision may
 // change: its attachments (ActualState.SetNode) and, when it turned
-// managed, what its pods want there as last read: a volume with no
-// attachment there yet was decided "not managed", and however the change is
-// learned (a sync, the answer of a status write), nothing else wakes it.
+// managed, every key wanted there: a volume with no attachment there yet
+// was decided "not managed", and however the change is learned (a sync,
+// the answer of a status write), nothing else wakes it. The desired state
+// says what is wanted, not the pods the informer lists now: the one that
+// wants it may be created again under its name and not read yet.
 func (c *Controller) setNode(name string, info cache.NodeInfo) []cache.Key {
 	keys, turnedManaged := c.actual.SetNode(name, info)
 	if turnedManaged {
-		keys = append(keys, c.desiredOf(name, c.podsOn(name))...)
+		keys = append(keys, c.desired.KeysOn(name)...)
 	}
 	return keys
 }
