@@ -439,6 +439,9 @@ func (r *Reconciler) detach(ctx context.Context, d Decision, now time.Time) (Res
 	if a.DetachStarted.IsZero() {
 		a.DetachStarted = now
 	}
+	// The record as the call starts: an answer "gone" says nothing of an
+	// object of that name seen since (someone created it again).
+	started, _ := r.actual.Get(d.Key)
 	done, err := mech.Detach(ctx, a)
 	if err != nil {
 		r.actual.Update(d.Key, false, func(a *cache.Attachment) { a.DetachError = err.Error() })
@@ -452,7 +455,10 @@ func (r *Reconciler) detach(ctx context.Context, d Decision, now time.Time) (Res
 		logger.V(2).Info("Detaching volume", "reason", d.Reason)
 	}
 	if done {
-		r.actual.Delete(d.Key)
+		if !r.actual.DeleteUnchanged(d.Key, started) {
+			// The record changed during the call: decided again.
+			return Result{Wake: []cache.Key{d.Key}}, nil
+		}
 		r.metrics.ObserveOperation(volume.MetricPluginName(a.Volume), metrics.OperationDetach, migrated(a), true, now.Sub(a.DetachStarted))
 		r.forget(d.Key)
 		return Result{Detached: true, Wake: r.WantedUnderOtherNames(a)}, nil

@@ -367,3 +367,43 @@ func TestLateDetachAnswerLeavesANewObjectAlone(t *testing.T) {
 		t.Errorf("%+v: the new object taken as being detached", a)
 	}
 }
+
+// detachGoneThenCreated is a mechanism whose delete finds the object gone,
+// and whose answer comes once another object of that name, attached, is on
+// record (someone created it again; the informer showed it meanwhile).
+type detachGoneThenCreated struct{ actual *cache.ActualState }
+
+func (m detachGoneThenCreated) Attach(context.Context, *volume.Spec, string) (AttachResult, error) {
+	return AttachResult{}, nil
+}
+
+func (m detachGoneThenCreated) Detach(_ context.Context, a cache.Attachment) (bool, error) {
+	m.actual.Update(a.Key, false, func(n *cache.Attachment) { n.State, n.AttachmentUID = cache.Attached, "uid-new" })
+	return true, nil
+}
+
+// The answer "gone" of a delete predates the object created again under
+// its name meanwhile: the record, which follows the new object, is not
+// dropped as detached (nothing would detach that object, nor list it in
+// node status); the key is decided again.
+func TestGoneDetachAnswerDropsNoRecordChangedMeanwhile(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	desired, actual := cache.NewDesiredState(), cache.NewActualState()
+	actual.SetNode(node1, cache.NodeInfo{Exists: true, Managed: true, Ready: true, Seen: true})
+	k := key(specA, node1)
+	actual.Update(k, true, func(a *cache.Attachment) {
+		a.Kind, a.State, a.AttachmentName, a.AttachmentUID, a.Withdrawn = volume.KindCSI, cache.Attached, "va", "uid-old", true
+	})
+	r := New(desired, actual, map[volume.Kind]Mechanism{volume.KindCSI: detachGoneThenCreated{actual}}, record.NewFakeRecorder(10),
+		metrics.New(), Config{MaxWaitForUnmount: time.Minute})
+	res, err := r.Sync(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := actual.Get(k); !ok {
+		t.Fatal("the record of the object created again was dropped as detached")
+	}
+	if !slices.Contains(res.Wake, k) {
+		t.Errorf("result %+v: %v not decided again", res, k)
+	}
+}
