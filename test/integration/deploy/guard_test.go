@@ -2,6 +2,8 @@ package deploy
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -62,13 +64,50 @@ func TestGuardSeesKubeControllerManager(t *testing.T) {
 	s.createClaim(two)
 	kcm := startKubeControllerManager(t)
 	defer kcm.stop(t)
+	defer func() {
+		if !t.Failed() {
+			return
+		}
+		// Who wrote what, as the API server recorded it.
+		if va, err := s.attachment(two); err == nil && va != nil {
+			for _, e := range va.ManagedFields {
+				t.Logf("VolumeAttachment %s: manager %q %s subresource %q at %v: %s", va.Name, e.Manager, e.Operation, e.Subresource, e.Time, e.FieldsV1)
+			}
+		}
+		if node, err := s.client.CoreV1().Nodes().Get(s.ctx, s.node, metav1.GetOptions{}); err == nil {
+			for _, e := range node.ManagedFields {
+				t.Logf("Node %s: manager %q %s subresource %q at %v: %s", node.Name, e.Manager, e.Operation, e.Subresource, e.Time, e.FieldsV1)
+			}
+		}
+		for _, l := range strings.Split(kcm.p.Output(), "\n") {
+			if strings.Contains(l, "ttach") && !strings.Contains(l, "flags.go") {
+				t.Logf("kube-controller-manager: %s", l)
+			}
+		}
+	}()
 	if err := ours.p.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
+	waitStopped(t, ours.p.Cmd.Process.Pid)
 	s.startPod(two)
+	// The API server's record of the write is the precondition of what
+	// follows: kube-controller-manager wrote the spec, and nobody else.
 	framework.Eventually(t, 30*time.Second, func() (bool, error) {
 		va, err := s.attachment(two)
-		return va != nil, err
+		if va == nil || err != nil {
+			return false, err
+		}
+		for _, e := range va.ManagedFields {
+			if e.Subresource == "" && e.Manager != "kube-controller-manager" {
+				return false, fmt.Errorf("VolumeAttachment %s written by %q while this controller is stopped", va.Name, e.Manager)
+			}
+		}
+		for _, e := range va.ManagedFields {
+			if e.Subresource == "" && e.Manager == "kube-controller-manager" {
+				return true, nil
+			}
+		}
+		return false, nil
 	}, "kube-controller-manager creates the VolumeAttachment of %s", two.name)
 	if err := ours.p.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
@@ -100,4 +139,28 @@ func TestGuardSeesKubeControllerManager(t *testing.T) {
 		!strings.Contains(out, "kube-controller-manager") {
 		t.Errorf("no log line naming kube-controller-manager as another writer")
 	}
+}
+
+// waitStopped waits until every thread of pid is stopped: a signal is
+// delivered to each thread when it next runs, not when kill returns.
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	framework.Eventually(t, 10*time.Second, func() (bool, error) {
+		stats, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+		if err != nil || len(stats) == 0 {
+			return false, err
+		}
+		for _, f := range stats {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return false, nil
+			}
+			// pid (comm) state ...: comm may hold spaces, not ")".
+			_, rest, _ := strings.Cut(string(b), ") ")
+			if !strings.HasPrefix(rest, "T") && !strings.HasPrefix(rest, "t") {
+				return false, nil
+			}
+		}
+		return true, nil
+	}, "process %d stopped", pid)
 }
