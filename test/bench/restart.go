@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
 // restartTimeout bounds each wait of the restart phase at least; a phase's
@@ -27,7 +29,7 @@ const restartTimeout = 3 * time.Minute
 func (r *runner) restart(ctx context.Context, p *PhaseResult) error {
 	timeout := max(restartTimeout, r.cfg.MinTimeout)
 	stopping := time.Now()
-	r.proc.Stop()
+	_ = r.proc.Stop(stopTimeout)
 	p.Times[MStopped] = time.Since(stopping)
 
 	logPath := filepath.Join(r.cfg.WorkDir, r.ctrl.Name+"-restarted.log")
@@ -37,7 +39,7 @@ func (r *runner) restart(ctx context.Context, p *PhaseResult) error {
 	start := time.Now()
 	// CPU time from the new process's start; the old one's peak memory is
 	// already in the run's peak (Before).
-	p.Before = ProcStats{At: start}
+	p.Before = framework.Stats{At: start}
 	r.logger.Info("Controller restarted", "pid", r.proc.Pid(), "log", logPath, "stoppedIn", p.Times[MStopped].Round(time.Millisecond))
 	if err := r.w.CreateNewVolumeClaim(ctx, r.env.Client, RestartVolume); err != nil {
 		return err

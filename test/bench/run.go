@@ -130,12 +130,14 @@ type PhaseResult struct {
 	// (events included) was seen, from the start of the phase; for churn,
 	// summed over the rounds.
 	LastRequest   time.Duration
-	Before, After ProcStats
+	Before, After framework.Stats
 	Err           error
 }
 
 // CPUSeconds is the CPU time the controller used during the phase.
-func (p *PhaseResult) CPUSeconds() float64 { return CPUSeconds(p.After.CPUTicks - p.Before.CPUTicks) }
+func (p *PhaseResult) CPUSeconds() float64 {
+	return framework.CPUSeconds(p.After.CPUTicks - p.Before.CPUTicks)
+}
 
 // Result is one controller's run.
 type Result struct {
@@ -150,7 +152,7 @@ type Result struct {
 	LogPath string
 }
 
-func (r *Result) peak(s ProcStats) { r.PeakKiB = max(r.PeakKiB, s.HWMKiB) }
+func (r *Result) peak(s framework.Stats) { r.PeakKiB = max(r.PeakKiB, s.HWMKiB) }
 
 // Run runs every phase for one controller on a fresh workload, then
 // removes the workload. It never returns with the controller running.
@@ -196,7 +198,7 @@ func Run(ctx context.Context, env *Env, ctrl Controller) *Result {
 	r.phases(runCtx)
 	end := time.Now()
 	cancel(nil)
-	r.proc.Stop()
+	_ = r.proc.Stop(stopTimeout)
 
 	windows := []Window{}
 	for _, name := range Phases {
@@ -237,7 +239,7 @@ type runner struct {
 	ctrl   Controller
 	args   []string
 	ep     Endpoints
-	proc   *Proc
+	proc   *framework.Process
 	res    *Result
 	cancel context.CancelCauseFunc
 	logger klog.Logger
@@ -246,7 +248,7 @@ type runner struct {
 // start starts the controller, its output in logPath. An exit that Stop did
 // not ask for ends the phase under way at once.
 func (r *runner) start(ctx context.Context, logPath string) error {
-	proc, err := StartProc(r.ctrl.Name, r.ctrl.Binary, logPath, r.args...)
+	proc, err := framework.StartLogged(r.ctrl.Name, logPath, r.ctrl.Binary, r.args...)
 	if err != nil {
 		return err
 	}

@@ -226,7 +226,7 @@ func newHarness(t *testing.T, rng *rand.Rand) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = kubelets.Stop() })
+	t.Cleanup(func() { _ = kubelets.Stop(stack.StopGrace) })
 
 	for i := range 6 {
 		h.addCSIVolume(fmt.Sprintf("rwo-%d", i), false)
@@ -306,7 +306,7 @@ func (h *harness) running() []*stack.Controller {
 	var alive []*stack.Controller
 	for _, c := range h.controllers {
 		select {
-		case <-c.Exited():
+		case <-c.Done():
 		default:
 			alive = append(alive, c)
 		}
@@ -325,7 +325,7 @@ func (h *harness) stopControllers() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, c := range h.controllers {
-		_ = c.Stop()
+		_ = c.Stop(stack.StopGrace)
 	}
 }
 
@@ -338,7 +338,7 @@ func (h *harness) leader() *stack.Controller {
 	// The standby names the leader too ("Another replica leads").
 	became := `"Became leader" identity="` + *lease.Spec.HolderIdentity + `"`
 	for _, c := range h.running() {
-		if strings.Contains(c.Log(), became) {
+		if strings.Contains(c.Output(), became) {
 			return c
 		}
 	}
@@ -575,9 +575,7 @@ func (h *harness) cutOver() {
 	}
 	h.controllers = nil
 	h.mu.Unlock()
-	p := framework.StartProcess(h.t, kcm, "--kubeconfig="+st.Cluster.Kubeconfig, "--controllers=attachdetach",
-		"--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=false",
-		"--flex-volume-plugin-dir="+h.t.TempDir(), "--v=2")
+	p := framework.StartProcess(h.t, kcm, framework.KubeControllerManagerArgs(st.Cluster.Kubeconfig, h.t.TempDir())...)
 	h.sleep(3 * time.Second)
 	h.churn()
 	h.sleep(time.Duration(5+h.rng.Intn(5)) * time.Second)

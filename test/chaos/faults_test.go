@@ -335,7 +335,7 @@ type relistMark struct {
 func (h *harness) markRelists() relistMark {
 	m := relistMark{leader: h.leader(), checker: h.relists.Load()}
 	if m.leader != nil {
-		m.lists = informerLists(m.leader.Log())
+		m.lists = informerLists(m.leader.Output())
 	}
 	return m
 }
@@ -347,7 +347,7 @@ func (h *harness) relisted(m relistMark) (lists int, all, same bool) {
 	if m.leader == nil || h.leader() != m.leader {
 		return 0, false, false
 	}
-	now := informerLists(m.leader.Log())
+	now := informerLists(m.leader.Output())
 	since := now[min(len(m.lists), len(now)):]
 	all = true
 	for _, typ := range m.lists {

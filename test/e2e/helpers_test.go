@@ -112,12 +112,12 @@ func (e *env) cleanup() {
 		}
 	}
 	for _, c := range e.controllers {
-		if err := c.Stop(); err != nil {
+		if err := c.Stop(stack.StopGrace); err != nil {
 			e.t.Error(err)
 		}
 	}
 	if e.kubelets != nil {
-		if err := e.kubelets.Stop(); err != nil {
+		if err := e.kubelets.Stop(stack.StopGrace); err != nil {
 			e.t.Error(err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/shadow"
+	"github.com/kube-attach/attach-detach-controller/test/e2e/stack"
 	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
@@ -46,7 +47,7 @@ func TestShadowOnTheWorkload(t *testing.T) {
 		if t.Failed() {
 			t.Logf("--- last lines of %s:\n%s", kcm.Name, kcm.Tail(logTail))
 		}
-		if err := kcm.Stop(); err != nil {
+		if err := kcm.Stop(stack.StopGrace); err != nil {
 			t.Error(err)
 		}
 	})

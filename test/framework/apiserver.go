@@ -57,7 +57,7 @@ func writeCredentials(dir string) (*credentials, error) {
 // startAPIServer starts kube-apiserver against etcdURL and waits for /readyz.
 // It returns an admin config. On error a non-nil process is still running or
 // unreaped: the caller stops it after reading its log.
-func startAPIServer(ctx context.Context, binary, dir, etcdURL string, creds *credentials, extraFlags []string) (*process, *rest.Config, error) {
+func startAPIServer(ctx context.Context, binary, dir, etcdURL string, creds *credentials, extraFlags []string) (*Process, *rest.Config, error) {
 	logger := klog.FromContext(ctx)
 	for attempt := 1; ; attempt++ {
 		port, err := freePort()
@@ -91,13 +91,13 @@ func startAPIServer(ctx context.Context, binary, dir, etcdURL string, creds *cre
 		config := adminConfig(fmt.Sprintf("https://127.0.0.1:%d", port), creds.adminToken)
 		err = waitForReadyz(ctx, p, config)
 		if err == nil {
-			logger.V(1).Info("Kube-apiserver is ready", "host", config.Host, "pid", p.pid())
+			logger.V(1).Info("Kube-apiserver is ready", "host", config.Host, "pid", p.Pid())
 			return p, config, nil
 		}
-		if attempt == portAttempts || p.exitError() == nil || !p.lostPortRace() {
+		if attempt == portAttempts || p.ExitError() == nil || !p.lostPortRace() {
 			return p, nil, err
 		}
-		if err := p.stop(); err != nil {
+		if err := p.Stop(0); err != nil {
 			return nil, nil, err
 		}
 		logger.Info("Kube-apiserver lost a port race, retrying with another port", "attempt", attempt)
@@ -117,7 +117,7 @@ func adminConfig(host, token string) *rest.Config {
 	}
 }
 
-func waitForReadyz(ctx context.Context, p *process, config *rest.Config) error {
+func waitForReadyz(ctx context.Context, p *Process, config *rest.Config) error {
 	probe := rest.CopyConfig(config)
 	probe.Timeout = 5 * time.Second
 	client, err := kubernetes.NewForConfig(probe)

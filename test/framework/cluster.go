@@ -60,8 +60,8 @@ type Cluster struct {
 	EtcdURL string
 
 	logger    klog.Logger
-	etcd      *process
-	apiserver *process
+	etcd      *Process
+	apiserver *Process
 	stopOnce  sync.Once
 	stopErr   error
 }
@@ -150,9 +150,9 @@ func (c *Cluster) stop() error {
 	c.stopOnce.Do(func() {
 		var errs []error
 		// The apiserver first: it would only log etcd's absence.
-		for _, p := range []*process{c.apiserver, c.etcd} {
+		for _, p := range []*Process{c.apiserver, c.etcd} {
 			if p != nil {
-				errs = append(errs, p.stop())
+				errs = append(errs, p.Stop(0))
 			}
 		}
 		if err := os.RemoveAll(c.Dir); err != nil {
@@ -166,7 +166,7 @@ func (c *Cluster) stop() error {
 
 func (c *Cluster) logTails() string {
 	var b strings.Builder
-	for _, p := range []*process{c.etcd, c.apiserver} {
+	for _, p := range []*Process{c.etcd, c.apiserver} {
 		if p != nil {
 			b.WriteString("\n")
 			b.WriteString(p.tail())
@@ -299,7 +299,7 @@ func (c *Cluster) restartAPIServer(ctx context.Context, down time.Duration, whil
 	if old == nil {
 		return errors.New("no kube-apiserver to restart")
 	}
-	if err := old.stop(); err != nil {
+	if err := old.Stop(0); err != nil {
 		c.logger.V(1).Info("Kube-apiserver stopped with an error", "err", err)
 	}
 	var downErr error
@@ -314,7 +314,7 @@ func (c *Cluster) restartAPIServer(ctx context.Context, down time.Duration, whil
 	}
 	var last error
 	for attempt := 1; attempt <= 20; attempt++ {
-		p, err := startProcess(ctx, c.Dir, "kube-apiserver", old.cmd.Path, old.cmd.Args[1:]...)
+		p, err := startProcess(ctx, c.Dir, "kube-apiserver", old.Cmd.Path, old.Cmd.Args[1:]...)
 		if err != nil {
 			return err
 		}
@@ -323,7 +323,7 @@ func (c *Cluster) restartAPIServer(ctx context.Context, down time.Duration, whil
 			return downErr
 		}
 		// The port of the old process may not be free yet.
-		_ = p.stop()
+		_ = p.Stop(0)
 		time.Sleep(500 * time.Millisecond)
 	}
 	return fmt.Errorf("restart kube-apiserver: %w", last)

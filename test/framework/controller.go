@@ -1,18 +1,12 @@
 package framework
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
-	"time"
 )
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
@@ -68,85 +62,24 @@ func BuildController(dir string) (string, error) {
 	return bin, nil
 }
 
-// Process is a program under test, killed with its test.
-type Process struct {
-	Cmd  *exec.Cmd
-	mu   sync.Mutex
-	out  bytes.Buffer
-	done chan struct{}
-	err  error
-}
-
-// StartProcess starts binary with args; its combined output is kept (see
-// Output) and echoed to the test log when the test fails. It is killed at
-// the end of the test if still running.
+// StartProcess starts binary with args for test t, in the test's working
+// directory; its output goes to a log of its own (Output). It is killed at
+// the end of the test if still running, and its log is echoed to the test
+// log when the test fails.
 func StartProcess(t testing.TB, binary string, args ...string) *Process {
 	t.Helper()
-	p := &Process{Cmd: exec.Command(binary, args...), done: make(chan struct{})}
-	p.Cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	r, w, err := os.Pipe()
+	name := filepath.Base(binary)
+	p, err := start(name, filepath.Join(t.TempDir(), name+".log"), "", binary, args...)
 	if err != nil {
-		t.Fatalf("pipe: %v", err)
+		t.Fatal(err)
 	}
-	p.Cmd.Stdout, p.Cmd.Stderr = w, w
-	if err := p.Cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", binary, err)
-	}
-	w.Close()
-	read := make(chan struct{})
-	go func() {
-		defer close(read)
-		s := bufio.NewScanner(r)
-		s.Buffer(make([]byte, 64*1024), 1024*1024)
-		for s.Scan() {
-			p.mu.Lock()
-			p.out.WriteString(s.Text() + "\n")
-			p.mu.Unlock()
-		}
-		_, _ = io.Copy(io.Discard, r)
-	}()
-	go func() {
-		p.err = p.Cmd.Wait()
-		// Done means its output is all in Output too, unless a child of
-		// its own still holds the pipe.
-		select {
-		case <-read:
-		case <-time.After(5 * time.Second):
-		}
-		close(p.done)
-	}()
 	t.Cleanup(func() {
-		p.Kill()
+		if err := p.Stop(0); err != nil {
+			t.Error(err)
+		}
 		if t.Failed() {
-			t.Logf("output of %s %s:\n%s", filepath.Base(binary), strings.Join(args, " "), p.Output())
+			t.Logf("output of %s %s:\n%s", name, strings.Join(args, " "), p.Output())
 		}
 	})
 	return p
 }
-
-// Output returns what the process printed so far.
-func (p *Process) Output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
-}
-
-// Signal sends sig to the process.
-func (p *Process) Signal(sig os.Signal) error { return p.Cmd.Process.Signal(sig) }
-
-// Kill kills the process group and waits for the process.
-func (p *Process) Kill() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
-	<-p.done
-}
-
-// Done is closed when the process has exited and its output is read.
-func (p *Process) Done() <-chan struct{} { return p.done }
-
-// ExitCode is the exit code, valid after Done.
-func (p *Process) ExitCode() int { return p.Cmd.ProcessState.ExitCode() }

@@ -24,7 +24,7 @@ const portAttempts = 3
 // startEtcd starts a single-member etcd and waits until it serves. It returns
 // the client URL. On error a non-nil process is still running or unreaped:
 // the caller stops it after reading its log.
-func startEtcd(ctx context.Context, binary, dir string, extraFlags []string) (*process, string, error) {
+func startEtcd(ctx context.Context, binary, dir string, extraFlags []string) (*Process, string, error) {
 	logger := klog.FromContext(ctx)
 	dataDir := filepath.Join(dir, "etcd-data")
 	for attempt := 1; ; attempt++ {
@@ -65,13 +65,13 @@ func startEtcd(ctx context.Context, binary, dir string, extraFlags []string) (*p
 		}
 		err = waitFor(ctx, p, "etcd health", func(ctx context.Context) bool { return etcdHealthy(ctx, clientURL) })
 		if err == nil {
-			logger.V(1).Info("Etcd is serving", "url", clientURL, "pid", p.pid())
+			logger.V(1).Info("Etcd is serving", "url", clientURL, "pid", p.Pid())
 			return p, clientURL, nil
 		}
-		if attempt == portAttempts || p.exitError() == nil || !p.lostPortRace() {
+		if attempt == portAttempts || p.ExitError() == nil || !p.lostPortRace() {
 			return p, "", err
 		}
-		if err := p.stop(); err != nil {
+		if err := p.Stop(0); err != nil {
 			return nil, "", err
 		}
 		logger.Info("Etcd lost a port race, retrying with other ports", "attempt", attempt)

@@ -20,7 +20,7 @@ func TestCluster(t *testing.T) {
 	ctx := t.Context()
 	c := StartT(t)
 	client := c.Client
-	pids := []int{c.etcd.pid(), c.apiserver.pid()}
+	pids := []int{c.etcd.Pid(), c.apiserver.Pid()}
 
 	if _, err := CreateNamespace(ctx, client, "test"); err != nil {
 		t.Fatal(err)

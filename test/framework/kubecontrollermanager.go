@@ -14,3 +14,21 @@ func KubeControllerManagerSynced(log string) bool {
 	_, after, started := strings.Cut(log, `"Starting attach detach controller"`)
 	return started && strings.Contains(after, `"Caches are synced"`)
 }
+
+// KubeControllerManagerArgs is the command line every test runs
+// kube-controller-manager with: its attachdetach controller alone, with
+// kubeconfig's credentials (nothing issues service account tokens here),
+// no leader election, no serving, and a FlexVolume directory of its own,
+// flexDir (it would otherwise create one under /usr/libexec). extra is
+// appended.
+func KubeControllerManagerArgs(kubeconfig, flexDir string, extra ...string) []string {
+	return append([]string{
+		"--kubeconfig=" + kubeconfig,
+		"--controllers=attachdetach",
+		"--leader-elect=false",
+		"--secure-port=0",
+		"--use-service-account-credentials=false",
+		"--flex-volume-plugin-dir=" + flexDir,
+		"--v=2",
+	}, extra...)
+}

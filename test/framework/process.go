@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -31,90 +33,238 @@ const (
 	reapTimeout = 30 * time.Second
 )
 
-// process is one child of the test binary, running in its own process group
-// with its stdout and stderr in one log file.
-type process struct {
-	name    string
-	cmd     *exec.Cmd
-	logPath string
+// Process is one child of a test, running in its own process group with
+// its stdout and stderr in one log file. The kernel kills it if the test
+// binary dies first (Pdeathsig). Every test package starts its programs
+// with it: the cluster's etcd and kube-apiserver, the end-to-end stack, the
+// benchmark's controllers, a test's controller (StartProcess).
+type Process struct {
+	Name    string
+	LogPath string
+	Cmd     *exec.Cmd
+
 	logFile *os.File
 	exited  chan struct{} // closed once the child has been reaped
 	waitErr error         // set before exited is closed
+
+	// stopping is set by Terminate and Stop: the exit that follows is no
+	// crash.
+	stopping atomic.Bool
+	closeLog sync.Once
 }
 
-func startProcess(ctx context.Context, dir, name, binary string, args ...string) (*process, error) {
-	logPath := filepath.Join(dir, name+".log")
-	// Append, so that the log of an attempt that lost a port race stays.
+// StartLogged starts binary with args in the directory of logPath, its
+// output appended to logPath (so that the log of an attempt that lost a
+// port race stays).
+func StartLogged(name, logPath, binary string, args ...string) (*Process, error) {
+	return start(name, logPath, filepath.Dir(logPath), binary, args...)
+}
+
+// start is StartLogged in workDir ("": the test's).
+func start(name, logPath, workDir, binary string, args ...string) (*Process, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("open log of %s: %w", name, err)
 	}
 	cmd := exec.Command(binary, args...)
-	cmd.Dir = dir
-	cmd.Stdout = logFile
-	cmd.Stderr = logFile
-	// Own process group: Stop kills the whole group. Pdeathsig: the kernel
-	// kills the child when the test binary dies without running Stop.
+	cmd.Dir = workDir
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Own process group: Kill ends the child and whatever it started, and a
+	// signal to the test's group (Ctrl-C) does not reach it: the test
+	// decides the order of shutdown.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return nil, errors.Join(fmt.Errorf("start %s: %w", name, err), logFile.Close())
 	}
-	p := &process{name: name, cmd: cmd, logPath: logPath, logFile: logFile, exited: make(chan struct{})}
+	p := &Process{Name: name, LogPath: logPath, Cmd: cmd, logFile: logFile, exited: make(chan struct{})}
 	go func() {
 		p.waitErr = cmd.Wait()
 		close(p.exited)
 	}()
-	klog.FromContext(ctx).V(2).Info("Started process", "name", name, "pid", cmd.Process.Pid, "log", logPath)
 	return p, nil
 }
 
-func (p *process) pid() int { return p.cmd.Process.Pid }
+func startProcess(ctx context.Context, dir, name, binary string, args ...string) (*Process, error) {
+	p, err := StartLogged(name, filepath.Join(dir, name+".log"), binary, args...)
+	if err == nil {
+		klog.FromContext(ctx).V(2).Info("Started process", "name", name, "pid", p.Pid(), "log", p.LogPath)
+	}
+	return p, err
+}
 
-// exitError returns why the process has exited, or nil while it runs.
-func (p *process) exitError() error {
+// Pid is the process ID, also the ID of its process group.
+func (p *Process) Pid() int { return p.Cmd.Process.Pid }
+
+// Done is closed once the process has exited and been reaped.
+func (p *Process) Done() <-chan struct{} { return p.exited }
+
+// ExitError says why the process exited, or is nil while it runs. A clean
+// exit (code 0) is an error too: the programs under test are not meant to
+// exit on their own.
+func (p *Process) ExitError() error {
 	select {
 	case <-p.exited:
 		if p.waitErr != nil {
-			return fmt.Errorf("%s exited: %w", p.name, p.waitErr)
+			return fmt.Errorf("%s exited: %w", p.Name, p.waitErr)
 		}
-		return fmt.Errorf("%s exited", p.name)
+		return fmt.Errorf("%s exited with code 0", p.Name)
 	default:
 		return nil
 	}
 }
 
-// stop kills the process group and reaps the child. The cluster's state is
-// thrown away, so there is nothing a graceful shutdown would save.
-func (p *process) stop() error {
-	var errs []error
-	if err := syscall.Kill(-p.pid(), syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		errs = append(errs, fmt.Errorf("kill %s process group %d: %w", p.name, p.pid(), err))
+// ExitCode is the exit code once exited, -1 if killed by a signal or still
+// running.
+func (p *Process) ExitCode() int {
+	select {
+	case <-p.exited:
+		return p.Cmd.ProcessState.ExitCode()
+	default:
+		return -1
+	}
+}
+
+// Stopped says whether Terminate or Stop was called: an exit is then
+// expected.
+func (p *Process) Stopped() bool { return p.stopping.Load() }
+
+// Signal sends sig to the process alone.
+func (p *Process) Signal(sig os.Signal) error { return p.Cmd.Process.Signal(sig) }
+
+// Terminate sends SIGTERM to the process alone, as a kubelet stopping a
+// container does, and waits up to timeout for it to exit. It returns an
+// error if it is still running then; it is not killed.
+func (p *Process) Terminate(timeout time.Duration) error {
+	p.stopping.Store(true)
+	if err := p.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("signal %s: %w", p.Name, err)
 	}
 	select {
 	case <-p.exited:
+		return nil
+	case <-time.After(timeout):
+		return fmt.Errorf("%s (pid %d) still running %s after SIGTERM", p.Name, p.Pid(), timeout)
+	}
+}
+
+// Kill sends SIGKILL to the process group and reaps the process.
+func (p *Process) Kill() error {
+	if err := syscall.Kill(-p.Pid(), syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("kill %s process group %d: %w", p.Name, p.Pid(), err)
+	}
+	select {
+	case <-p.exited:
+		return nil
 	case <-time.After(reapTimeout):
-		errs = append(errs, fmt.Errorf("%s (pid %d) still running %s after SIGKILL", p.name, p.pid(), reapTimeout))
+		return fmt.Errorf("%s (pid %d) still running %s after SIGKILL", p.Name, p.Pid(), reapTimeout)
 	}
-	if err := p.logFile.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("close log of %s: %w", p.name, err))
+}
+
+// Stop ends the process: SIGTERM and up to grace to exit (none with grace
+// 0), then SIGKILL for it and whatever it started. It closes the log.
+func (p *Process) Stop(grace time.Duration) error {
+	p.stopping.Store(true)
+	if grace > 0 && p.ExitError() == nil {
+		// A process that ignores SIGTERM is killed below; nothing to report.
+		_ = p.Terminate(grace)
 	}
+	errs := []error{p.Kill()}
+	p.closeLog.Do(func() {
+		if err := p.logFile.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close log of %s: %w", p.Name, err))
+		}
+	})
 	return errors.Join(errs...)
 }
 
-// tail returns the end of the process log, for start-up errors.
-func (p *process) tail() string {
-	data, err := ReadTail(p.logPath, tailBytes)
+// Tail returns up to the last n bytes of the process log, from a line start.
+func (p *Process) Tail(n int64) string {
+	data, err := ReadTail(p.LogPath, n)
 	if err != nil {
-		return fmt.Sprintf("--- %s: cannot read log: %s", p.name, err)
+		return fmt.Sprintf("(cannot read log of %s: %s)", p.Name, err)
 	}
-	return fmt.Sprintf("--- last lines of %s (%s):\n%s", p.name, p.logPath, data)
+	return data
+}
+
+// Output returns the whole process log so far.
+func (p *Process) Output() string {
+	data, err := os.ReadFile(p.LogPath)
+	if err != nil {
+		return fmt.Sprintf("(cannot read log of %s: %s)", p.Name, err)
+	}
+	return string(data)
+}
+
+// tail is the end of the log, for start-up errors.
+func (p *Process) tail() string {
+	return fmt.Sprintf("--- last lines of %s (%s):\n%s", p.Name, p.LogPath, p.Tail(tailBytes))
 }
 
 // lostPortRace tells whether the process failed because another process
 // took a port between freePort and the bind.
-func (p *process) lostPortRace() bool {
-	data, err := ReadTail(p.logPath, 64*1024)
+func (p *Process) lostPortRace() bool {
+	data, err := ReadTail(p.LogPath, 64*1024)
 	return err == nil && strings.Contains(data, "address already in use")
+}
+
+// Stats is what /proc says of a process at one moment.
+type Stats struct {
+	At       time.Time
+	CPUTicks int64 // utime + stime, in clockTicks
+	RSSKiB   int64 // VmRSS
+	HWMKiB   int64 // VmHWM: peak RSS so far
+	Threads  int64
+}
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/PID/stat: 100
+// on every Linux architecture the tests run on.
+const clockTicks = 100
+
+// CPUSeconds converts ticks to seconds.
+func CPUSeconds(ticks int64) float64 { return float64(ticks) / clockTicks }
+
+// Stats reads /proc/PID/stat and /proc/PID/status.
+func (p *Process) Stats() (Stats, error) {
+	s := Stats{At: time.Now()}
+	pid := p.Pid()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return s, fmt.Errorf("read stat of %s: %w", p.Name, err)
+	}
+	// The command name may hold spaces and parentheses: fields start after
+	// the last ')'. fields[0] is field 3 (state); utime and stime are
+	// fields 14 and 15.
+	rest := string(stat[strings.LastIndexByte(string(stat), ')')+1:])
+	fields := strings.Fields(rest)
+	if len(fields) < 13 {
+		return s, fmt.Errorf("parse stat of %s: %q", p.Name, stat)
+	}
+	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
+	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return s, fmt.Errorf("parse stat of %s: %w", p.Name, err)
+	}
+	s.CPUTicks = utime + stime
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return s, fmt.Errorf("read status of %s: %w", p.Name, err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		key, val, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(val), " kB"), 10, 64)
+		switch key {
+		case "VmRSS":
+			s.RSSKiB = n
+		case "VmHWM":
+			s.HWMKiB = n
+		case "Threads":
+			s.Threads = n
+		}
+	}
+	return s, nil
 }
 
 // ReadTail returns up to the last n bytes of the file at path, from the
@@ -189,14 +339,14 @@ func removeStaleDirs(ctx context.Context) {
 }
 
 // waitFor polls check until it reports done, the process exits, or ctx ends.
-func waitFor(ctx context.Context, p *process, what string, check func(context.Context) bool) error {
+func waitFor(ctx context.Context, p *Process, what string, check func(context.Context) bool) error {
 	ticker := time.NewTicker(100 * time.Millisecond)
 	defer ticker.Stop()
 	for {
 		if check(ctx) {
 			return nil
 		}
-		if err := p.exitError(); err != nil {
+		if err := p.ExitError(); err != nil {
 			return fmt.Errorf("wait for %s: %w", what, err)
 		}
 		select {

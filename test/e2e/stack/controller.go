@@ -45,7 +45,7 @@ func (s *Stack) StartController(ctx context.Context, extraArgs ...string) (*Cont
 		if err == nil {
 			return c, nil
 		}
-		if attempt == portAttempts || c == nil || !strings.Contains(c.Log(), "address already in use") {
+		if attempt == portAttempts || c == nil || !strings.Contains(c.Output(), "address already in use") {
 			return nil, err
 		}
 		s.logger.Info("Controller lost a port race, retrying with another port", "attempt", attempt)

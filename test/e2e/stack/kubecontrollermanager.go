@@ -26,15 +26,7 @@ func (s *Stack) StartKubeControllerManager(ctx context.Context) (*Process, error
 	if err != nil {
 		return nil, err
 	}
-	p, err := s.start(KubeControllerManagerBinary, bin,
-		"--kubeconfig="+s.Cluster.Kubeconfig,
-		"--controllers=attachdetach",
-		"--leader-elect=false",
-		"--secure-port=0",
-		"--use-service-account-credentials=false",
-		"--flex-volume-plugin-dir="+flexDir,
-		"--v=2",
-	)
+	p, err := s.start(KubeControllerManagerBinary, bin, framework.KubeControllerManagerArgs(s.Cluster.Kubeconfig, flexDir)...)
 	if err != nil {
 		return nil, err
 	}

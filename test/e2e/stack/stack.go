@@ -28,9 +28,9 @@ const (
 const (
 	// startTimeout bounds the wait for one component to be ready.
 	startTimeout = 60 * time.Second
-	// stopGrace is how long a component may take to exit after SIGTERM at
+	// StopGrace is how long a component may take to exit after SIGTERM at
 	// Stop before it is killed.
-	stopGrace = 5 * time.Second
+	StopGrace = 5 * time.Second
 	// portAttempts bounds the retries of a component that lost its port to
 	// another process between FreePort and its bind.
 	portAttempts = 3
@@ -180,7 +180,7 @@ func (s *Stack) start(name, binary string, args ...string) (*Process, error) {
 		name = name + "-" + strconv.Itoa(n)
 	}
 	s.mu.Unlock()
-	p, err := startProcess(s.Cluster.Dir, name, binary, args...)
+	p, err := framework.StartLogged(name, filepath.Join(s.Cluster.Dir, name+".log"), binary, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -207,7 +207,7 @@ func (s *Stack) Stop() error {
 		procs := s.Processes()
 		stopErrs := make([]error, len(procs))
 		for i, p := range procs {
-			wg.Go(func() { stopErrs[i] = p.Stop() })
+			wg.Go(func() { stopErrs[i] = p.Stop(StopGrace) })
 		}
 		wg.Wait()
 		errs = append(errs, stopErrs...)
@@ -216,13 +216,6 @@ func (s *Stack) Stop() error {
 		s.logger.V(1).Info("Stack stopped")
 	})
 	return s.stopErr
-}
-
-// Stop ends the process: SIGTERM, a grace period, then SIGKILL of its
-// group. It may be called more than once.
-func (p *Process) Stop() error {
-	p.stopOnce.Do(func() { p.stopErr = p.stop(stopGrace) })
-	return p.stopErr
 }
 
 // poll calls cond every 100 ms until it returns true, an error, the process

@@ -112,22 +112,12 @@ type kubeControllerManager struct {
 }
 
 // startKubeControllerManager starts kube-controller-manager with the admin
-// kubeconfig and only the attachdetach controller: no leader election, no
-// serving, no service account credentials (nothing issues them here), and a
-// FlexVolume directory of its own (it would otherwise create one under
-// /usr/libexec). It returns once the controller's caches are synced
-// (framework.KubeControllerManagerSynced).
+// kubeconfig (framework.KubeControllerManagerArgs). It returns once the
+// controller's caches are synced (framework.KubeControllerManagerSynced).
 func startKubeControllerManager(t *testing.T) *kubeControllerManager {
 	t.Helper()
 	p := framework.StartProcess(t, tools.kubeControllerManager,
-		"--kubeconfig="+cluster.Kubeconfig,
-		"--controllers=attachdetach",
-		"--leader-elect=false",
-		"--secure-port=0",
-		"--use-service-account-credentials=false",
-		"--flex-volume-plugin-dir="+t.TempDir(),
-		"--v=2",
-	)
+		framework.KubeControllerManagerArgs(cluster.Kubeconfig, t.TempDir())...)
 	framework.Eventually(t, startTimeout, func() (bool, error) {
 		select {
 		case <-p.Done():
