@@ -30,18 +30,16 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/kube-attach/attach-detach-controller/test/invariants"
 )
 
 // outOfService is the taint under which a mounted volume may be detached.
-const outOfService = "node.kubernetes.io/out-of-service"
+const outOfService = invariants.OutOfService
 
 // Volume is what the checker knows of a PV: whether it may be attached to
 // one node only, and the names node status may list it under.
-type Volume struct {
-	PV         string
-	SingleNode bool
-	Names      []string
-}
+type Volume = invariants.Volume
 
 // Event is one watch event of a VolumeAttachment or a Node.
 type Event struct {
@@ -176,23 +174,14 @@ func (c *Checker) Judge() (violations []string, unjudged int) {
 		if n == nil {
 			return
 		}
-		listed := func(names []string) bool {
-			return slices.ContainsFunc(names, func(x string) bool { return slices.Contains(vol.Names, x) })
-		}
-		var attached, inUse []string
-		for _, a := range n.Status.VolumesAttached {
-			attached = append(attached, string(a.Name))
-		}
-		for _, u := range n.Status.VolumesInUse {
-			inUse = append(inUse, string(u))
-		}
-		if listed(attached) {
+		attached, inUse := invariants.NodeLists(n)
+		if invariants.DetachListed(vol, attached) {
 			violate("I3: detach of %s from %s started (resourceVersion %d) while node.status.volumesAttached lists it (node resourceVersion %s)",
 				vol.PV, n.Name, rv, n.ResourceVersion)
 		}
-		if listed(inUse) && !tainted(n) {
+		if invariants.DetachMounted(vol, inUse, invariants.OutOfServiceTaint(n)) {
 			violate("I2: detach of %s from %s started (resourceVersion %d) while it is in volumesInUse of the node (ready=%v, node resourceVersion %s)",
-				vol.PV, n.Name, rv, ready(n), n.ResourceVersion)
+				vol.PV, n.Name, rv, invariants.Ready(n), n.ResourceVersion)
 		}
 	}
 	for _, e := range events {
@@ -230,11 +219,10 @@ func (c *Checker) Judge() (violations []string, unjudged int) {
 						who = append(who, o.Spec.NodeName+" by "+creator(o))
 					}
 				}
-				if len(on) > 1 {
-					slices.Sort(on)
+				if nodes, bad := invariants.SingleNode(vol, on); bad {
 					slices.Sort(who)
 					violate("I1: single-node volume %s has VolumeAttachments on nodes %s (resourceVersion %d; created on %s)",
-						vol.PV, strings.Join(on, ", "), e.rv(), strings.Join(who, ", "))
+						vol.PV, nodes, e.rv(), strings.Join(who, ", "))
 				}
 			}
 		}
@@ -259,15 +247,3 @@ func pvOf(va *storagev1.VolumeAttachment) string {
 	return ""
 }
 
-func ready(n *v1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == v1.NodeReady {
-			return c.Status == v1.ConditionTrue
-		}
-	}
-	return false
-}
-
-func tainted(n *v1.Node) bool {
-	return slices.ContainsFunc(n.Spec.Taints, func(t v1.Taint) bool { return t.Key == outOfService })
-}

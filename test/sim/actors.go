@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+	"github.com/kube-attach/attach-detach-controller/test/invariants"
 )
 
 type (
@@ -28,7 +29,7 @@ const (
 	ebsDriver       = "ebs.csi.aws.com"
 	managed         = "volumes.kubernetes.io/controller-managed-attach-detach"
 	migratedPlugins = "storage.alpha.kubernetes.io/migrated-plugins"
-	outOfService    = "node.kubernetes.io/out-of-service"
+	outOfService    = invariants.OutOfService
 	iscsiIQN        = "iqn.2001-04.com.example:storage"
 )
 
@@ -41,6 +42,11 @@ type simVolume struct {
 	singleNode bool
 	source     v1.PersistentVolumeSource
 	modes      []v1.PersistentVolumeAccessMode
+}
+
+// inv is the volume as the shared invariants see it.
+func (v *simVolume) inv() invariants.Volume {
+	return invariants.Volume{PV: v.pv, SingleNode: v.singleNode, Names: v.names}
 }
 
 func (s *Sim) volumeByPV(pv string) *simVolume {
@@ -304,18 +310,9 @@ func (s *Sim) kubelet(node string) {
 	s.w.update(rNodes, n)
 }
 
-func ready(n *v1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == v1.NodeReady {
-			return c.Status == v1.ConditionTrue
-		}
-	}
-	return false
-}
+func ready(n *v1.Node) bool { return invariants.Ready(n) }
 
-func outOfServiceTaint(n *v1.Node) bool {
-	return slices.ContainsFunc(n.Spec.Taints, func(t v1.Taint) bool { return t.Key == outOfService })
-}
+func outOfServiceTaint(n *v1.Node) bool { return invariants.OutOfServiceTaint(n) }
 
 // attacherPending: a VolumeAttachment waits for the external-attacher.
 func (s *Sim) attacherPending() bool { return len(s.attacherTodo()) > 0 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+	"github.com/kube-attach/attach-detach-controller/test/invariants"
 )
 
 // The invariants, checked against the world (what the API holds and what
@@ -124,9 +125,10 @@ func (s *Sim) attachedNodes() map[string][]string {
 
 func (s *Sim) checkSingleNode() {
 	for pv, nodes := range s.attachedNodes() {
-		if v := s.volumeByPV(pv); v != nil && v.singleNode && len(nodes) > 1 {
-			slices.Sort(nodes)
-			s.violate("I1", "single-node volume %s attached to nodes %s", pv, strings.Join(nodes, ", "))
+		if v := s.volumeByPV(pv); v != nil {
+			if on, bad := invariants.SingleNode(v.inv(), nodes); bad {
+				s.violate("I1", "single-node volume %s attached to nodes %s", pv, on)
+			}
 		}
 	}
 }
@@ -144,23 +146,16 @@ func (s *Sim) checkDetachStart(pv, node string) {
 		return
 	}
 	n := s.w.node(node)
-	listed := func(names []string) bool {
-		return slices.ContainsFunc(names, func(x string) bool { return slices.Contains(v.names, x) })
-	}
+	listed := v.inv().ListedIn
 	var inUse, attached []string
 	if n != nil {
-		for _, u := range n.Status.VolumesInUse {
-			inUse = append(inUse, string(u))
-		}
-		for _, a := range n.Status.VolumesAttached {
-			attached = append(attached, string(a.Name))
-		}
+		attached, inUse = invariants.NodeLists(n)
 	} else {
 		inUse = s.deletedInUse[node]
 	}
 	// What a third party listed since the controller's last status write
 	// is not the controller's doing (if it stays, I5 finds it).
-	if listed(slices.DeleteFunc(attached, func(x string) bool { return s.thirdPartyListed[node][x] })) {
+	if invariants.DetachListed(v.inv(), slices.DeleteFunc(attached, func(x string) bool { return s.thirdPartyListed[node][x] })) {
 		s.violate("I3", "detach of %s from %s started while node.status.volumesAttached lists it", pv, node)
 	}
 	if !listed(inUse) {
