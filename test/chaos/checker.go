@@ -246,4 +246,3 @@ func pvOf(va *storagev1.VolumeAttachment) string {
 	}
 	return ""
 }
-
