@@ -233,10 +233,11 @@ type Controller struct {
 	// VolumeAttachments, node status): a handoff is done only when they
 	// are all processed.
 	observing atomic.Int64
-	// podsReadLater: the actual state is being rebuilt (BeginRecovery) and
-	// every pod is read afterwards, so a node's sync needn't queue its pods.
-	// Only set and cleared before the workers start.
-	podsReadLater bool
+	// rebuilding: the actual state is being rebuilt (BeginRecovery). Every
+	// pod is read afterwards and every key then gets its look
+	// (Recovery.Finish), so a node's sync needn't queue its pods, nor touch
+	// the volume keys. Only set and cleared before the workers start.
+	rebuilding bool
 }
 
 // New wires a Controller. Nothing runs until Run.
@@ -533,9 +534,14 @@ func (c *Controller) shutdownQueues() {
 // may unblock a single-node attach), and each key's node for the status
 // writer.
 func (c *Controller) touch(keys ...cache.Key) {
-	done := map[volume.Name]bool{}
 	for _, k := range keys {
 		c.statusQueue.Add(k.Node)
+	}
+	if c.rebuilding {
+		return
+	}
+	done := map[volume.Name]bool{}
+	for _, k := range keys {
 		c.volumeQueue.Add(k)
 		if done[k.Volume] {
 			continue

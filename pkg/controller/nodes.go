@@ -68,7 +68,7 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 			// its sync then looks at the zone again.
 			c.nodeQueue.AddAfter(name, wait+time.Second)
 		}
-		if !c.podsReadLater {
+		if !c.rebuilding {
 			c.enqueueNodePods(name)
 		}
 		return nil
@@ -79,7 +79,7 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	info := NodeInfo(node)
 	// Compared with what this sync saw last, not with the node's facts: a
 	// status write's answer sets those too, and may say managed first.
-	readPods := (!synced || wasManaged != info.Managed || last != nil) && !c.podsReadLater
+	readPods := (!synced || wasManaged != info.Managed || last != nil) && !c.rebuilding
 	var pods []*v1.Pod
 	if readPods {
 		pods = c.podsOn(name)

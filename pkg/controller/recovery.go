@@ -14,7 +14,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/sets"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
@@ -72,7 +71,6 @@ type Recovery struct {
 	// pods are the keys of the pods left to read, in order (listPods); nil
 	// until listed.
 	pods  []string
-	held  *heldKeys
 	nodes int
 	read  int
 	start time.Time
@@ -80,17 +78,12 @@ type Recovery struct {
 
 // BeginRecovery rebuilds the actual state: attachments from
 // VolumeAttachments and node.status.volumesAttached. Only before the
-// workers start; the volume keys it touches are held for Finish.
+// workers start; the volume keys it touches get their look from Finish.
 func (c *Controller) BeginRecovery(ctx context.Context) (*Recovery, error) {
-	queue := c.volumeQueue
-	r := &Recovery{c: c, held: &heldKeys{TypedRateLimitingInterface: queue, seen: sets.New[cache.Key]()}, start: time.Now()}
+	r := &Recovery{c: c, start: time.Now()}
 	c.desired.SetPartial(true)
-	c.volumeQueue = r.held
-	c.podsReadLater = true
-	defer func() {
-		c.volumeQueue = queue
-		c.podsReadLater = false
-	}()
+	c.rebuilding = true
+	defer func() { c.rebuilding = false }()
 	vas, err := c.attachments.List(everything)
 	if err != nil {
 		return nil, fmt.Errorf("list VolumeAttachments: %w", err)
@@ -203,15 +196,18 @@ func (r *Recovery) Finish(ctx context.Context) []cache.Key {
 	// looked at before (left waiting for the pods) is in the lists below.
 	c.desired.SetPartial(false)
 	actual, desired := c.actual.Keys(), c.desired.Keys()
-	for _, keys := range [][]cache.Key{actual, desired} {
-		for _, k := range keys {
-			r.held.Add(k)
+	keys := make([]cache.Key, 0, len(actual)+len(desired))
+	seen := sets.New[cache.Key]()
+	for _, k := range slices.Concat(actual, desired) {
+		if !seen.Has(k) {
+			seen.Insert(k)
+			keys = append(keys, k)
 			c.statusQueue.Add(k.Node)
 		}
 	}
 	klog.FromContext(ctx).Info("Recovered state", "attachments", len(actual), "desired", len(desired), "pods", r.read, "nodes", r.nodes,
 		"duration", time.Since(r.start).Round(time.Millisecond))
-	return c.settledLast(r.held.keys)
+	return c.settledLast(keys)
 }
 
 // recoveryStep is how many pods Run reads between two looks at the pod
@@ -243,20 +239,6 @@ func (c *Controller) readPods(ctx context.Context, stop <-chan struct{}, r *Reco
 		}
 	}
 	return false, nil
-}
-
-// heldKeys is a volume queue whose Add only records the key.
-type heldKeys struct {
-	workqueue.TypedRateLimitingInterface[cache.Key]
-	keys []cache.Key
-	seen sets.Set[cache.Key]
-}
-
-func (h *heldKeys) Add(k cache.Key) {
-	if !h.seen.Has(k) {
-		h.seen.Insert(k)
-		h.keys = append(h.keys, k)
-	}
 }
 
 func kindOf(name volume.Name) volume.Kind {
