@@ -166,7 +166,8 @@ verify:
 # real kube-apiserver (SIZE=small: 50 nodes x 10 pods, a few minutes;
 # SIZE=large: 1,000 x 10; SIZE=huge: 10,000 x 10), plus the Go benchmarks of
 # the caches and the per-key decision at 100,000 volumes; report in
-# bench/results/<date>-<size>[-qps<QPS>].md.
+# bench/results/<date>-<size>[-qps<QPS>].md, with its plots beside it
+# (-burst.svg: the burst over time; -cost.svg: the cost per event by size).
 SIZE ?= small
 # The API budget of both controllers (kube-controller-manager's defaults).
 BENCH_QPS ?= 20

@@ -147,18 +147,39 @@ func (o *Observer) Snapshot(e *Expectation) Snapshot {
 	return s
 }
 
+// Sample is how far the cluster was from an Expectation at one comparison.
+type Sample struct {
+	At                        time.Duration // from the start given to Await
+	Exist, Attached, Reported int           // as in Snapshot
+}
+
+// Progress is the counts of an await over time: the first sample of each
+// change, and of a run of equal counts also the last, which is all a step
+// line needs. A burst of 100,000 volumes keeps a few thousand.
+type Progress struct{ Samples []Sample }
+
+func (p *Progress) add(at time.Duration, s Snapshot) {
+	n := Sample{At: at, Exist: s.Exist, Attached: s.Attached, Reported: s.Reported}
+	k := len(p.Samples)
+	same := func(a Sample) bool { return a.Exist == n.Exist && a.Attached == n.Attached && a.Reported == n.Reported }
+	if k >= 2 && same(p.Samples[k-1]) && same(p.Samples[k-2]) {
+		p.Samples[k-1].At = at
+		return
+	}
+	p.Samples = append(p.Samples, n)
+}
+
 // Milestone is a condition whose first time true is measured.
 type Milestone struct {
 	Name string
 	Done func(Snapshot) bool
 }
 
-// Await polls until every milestone is reached, and returns when each was
-// first reached, relative to start. On timeout it returns the times of those
-// reached and an error saying how far the cluster got.
 // AwaitAsync is Await in the background, for a phase that acts meanwhile:
 // result waits for its answer; cancel stops it early (result still answers).
-func (o *Observer) AwaitAsync(ctx context.Context, e *Expectation, start time.Time, timeout time.Duration, milestones ...Milestone) (result func() (map[string]time.Duration, error), cancel func()) {
+// A non-nil progress records the counts of every comparison; it may be read
+// once result has answered.
+func (o *Observer) AwaitAsync(ctx context.Context, e *Expectation, start time.Time, timeout time.Duration, progress *Progress, milestones ...Milestone) (result func() (map[string]time.Duration, error), cancel func()) {
 	ctx, cancel = context.WithCancel(ctx)
 	type awaited struct {
 		times map[string]time.Duration
@@ -166,7 +187,7 @@ func (o *Observer) AwaitAsync(ctx context.Context, e *Expectation, start time.Ti
 	}
 	done := make(chan awaited, 1)
 	go func() {
-		t, err := o.Await(ctx, e, start, timeout, milestones...)
+		t, err := o.await(ctx, e, start, timeout, progress, milestones)
 		done <- awaited{t, err}
 	}()
 	var a *awaited
@@ -179,7 +200,14 @@ func (o *Observer) AwaitAsync(ctx context.Context, e *Expectation, start time.Ti
 	}, cancel
 }
 
+// Await polls until every milestone is reached, and returns when each was
+// first reached, relative to start. On timeout it returns the times of those
+// reached and an error saying how far the cluster got.
 func (o *Observer) Await(ctx context.Context, e *Expectation, start time.Time, timeout time.Duration, milestones ...Milestone) (map[string]time.Duration, error) {
+	return o.await(ctx, e, start, timeout, nil, milestones)
+}
+
+func (o *Observer) await(ctx context.Context, e *Expectation, start time.Time, timeout time.Duration, progress *Progress, milestones []Milestone) (map[string]time.Duration, error) {
 	reached := map[string]time.Duration{}
 	deadline := start.Add(timeout)
 	ticker := time.NewTicker(o.poll)
@@ -187,6 +215,9 @@ func (o *Observer) Await(ctx context.Context, e *Expectation, start time.Time, t
 	for {
 		s := o.Snapshot(e)
 		now := time.Now()
+		if progress != nil {
+			progress.add(now.Sub(start), s)
+		}
 		for _, m := range milestones {
 			if _, ok := reached[m.Name]; !ok && m.Done(s) {
 				reached[m.Name] = now.Sub(start)

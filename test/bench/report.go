@@ -17,6 +17,9 @@ type Meta struct {
 	Notes    []string
 	// GoBench is the output of the Go benchmarks, if they ran.
 	GoBench string
+	// BurstPlot and CostPlot are the plots written beside the report
+	// (BurstChart, CostChart), relative to it; empty when not written.
+	BurstPlot, CostPlot string
 }
 
 // WriteReport writes the Markdown report of results (the first two are
@@ -42,6 +45,11 @@ func WriteReport(out io.Writer, cfg Config, meta Meta, results []*Result) error 
 	b.WriteString("Versions: " + strings.Join(meta.Versions, "; ") + "\n\n")
 
 	writeSummary(&b, cfg, results)
+	if meta.BurstPlot != "" {
+		fmt.Fprintf(&b, "![Burst: volumes in node status and VolumeAttachments attached over time](%s)\n\n", meta.BurstPlot)
+		b.WriteString("The burst over time: solid, the volumes listed in their node's `status.volumesAttached` (what a pod waits for); dashed, the VolumeAttachments attached; sampled every " +
+			cfg.Poll.String() + ".\n\n")
+	}
 	writeRequests(&b, results)
 	for _, r := range results {
 		if r.Err != nil {
@@ -54,7 +62,12 @@ func WriteReport(out io.Writer, cfg Config, meta Meta, results []*Result) error 
 	}
 	b.WriteString("\n")
 	if meta.GoBench != "" {
-		b.WriteString("## Go benchmarks (caches and per-key decision, 100,000 volumes)\n\n```\n")
+		b.WriteString("## Go benchmarks (caches and per-key decision, 100,000 volumes)\n\n")
+		if meta.CostPlot != "" {
+			fmt.Fprintf(&b, "![Cost of one event at each cluster size](%s)\n\n", meta.CostPlot)
+			b.WriteString("The controller's work for one event (`BenchmarkCost*` below, µs per op) at each cluster size measured: a flat line is a cost that does not grow with the cluster.\n\n")
+		}
+		b.WriteString("```\n")
 		b.WriteString(strings.TrimSpace(meta.GoBench))
 		b.WriteString("\n```\n")
 	}

@@ -49,7 +49,7 @@ func (r *runner) restart(ctx context.Context, p *PhaseResult) error {
 	}
 	// The new volume may be attached before the controller says it is
 	// ready: both are awaited from the start, side by side.
-	result, cancel := r.env.Observer.AwaitAsync(ctx, r.w.NewVolumeExpect(RestartVolume, true), start, timeout, milestoneDone)
+	result, cancel := r.env.Observer.AwaitAsync(ctx, r.w.NewVolumeExpect(RestartVolume, true), start, timeout, nil, milestoneDone)
 	defer cancel()
 	ready, err := r.awaitReady(ctx, logPath, start, timeout)
 	if err != nil {

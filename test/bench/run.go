@@ -126,6 +126,9 @@ type PhaseResult struct {
 	Times map[string]time.Duration
 	// Rounds are the churn rounds' times to converge.
 	Rounds []time.Duration
+	// Progress is the burst's counts over time, from the start of the
+	// phase, for the report's plot.
+	Progress *Progress
 	// LastRequest is when the controller's last request of the phase
 	// (events included) was seen, from the start of the phase; for churn,
 	// summed over the rounds.
@@ -342,7 +345,8 @@ func (r *runner) burst(ctx context.Context, p *PhaseResult) error {
 	exp := r.w.Expect(r.w.All())
 	// Observed from the first pod write: half the volumes may be reported
 	// before the harness has written the last pod.
-	result, cancelAwait := r.env.Observer.AwaitAsync(ctx, exp, p.Start, r.cfg.timeout(f.BurstStatus(r.w.Volumes(), r.w.Nodes)),
+	p.Progress = &Progress{}
+	result, cancelAwait := r.env.Observer.AwaitAsync(ctx, exp, p.Start, r.cfg.timeout(f.BurstStatus(r.w.Volumes(), r.w.Nodes)), p.Progress,
 		milestoneExist, milestoneAttached, milestoneHalfReported, milestoneStatus, milestoneDone)
 	defer cancelAwait()
 	if err := r.w.CreatePods(ctx, r.env.Client, r.w.All()); err != nil {
@@ -427,7 +431,7 @@ func (r *runner) teardown(ctx context.Context, p *PhaseResult) error {
 	}
 	written := time.Since(start)
 	created := time.Now()
-	newPod, cancel := r.env.Observer.AwaitAsync(ctx, r.w.NewVolumeExpect(TeardownVolume, true), created, timeout, milestoneAttached, milestoneDone)
+	newPod, cancel := r.env.Observer.AwaitAsync(ctx, r.w.NewVolumeExpect(TeardownVolume, true), created, timeout, nil, milestoneAttached, milestoneDone)
 	defer cancel()
 	if err := r.w.CreateNewVolumePod(ctx, r.env.Client, TeardownVolume); err != nil {
 		return err

@@ -1,7 +1,8 @@
 // Command adcbench runs the attach/detach benchmark (package
 // test/bench) for this repository's controller and kube-controller-manager,
 // side by side on one etcd and kube-apiserver, and writes the Markdown
-// report to <results>/<date>-<size>.md (-2, -3... when that exists).
+// report to <results>/<date>-<size>.md (-2, -3... when that exists), with
+// its plots beside it: <report>-burst.svg, <report>-cost.svg.
 //
 //	go run ./test/bench/cmd/adcbench -size small
 package main
@@ -180,6 +181,7 @@ func run(f flags) error {
 		return err
 	}
 	path := out.Name()
+	meta.BurstPlot, meta.CostPlot = writePlots(logger, strings.TrimSuffix(path, ".md"), cfg, results, meta.GoBench)
 	if err := bench.WriteReport(out, cfg, meta, results); err != nil {
 		out.Close()
 		return fmt.Errorf("write report: %w", err)
