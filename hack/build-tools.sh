@@ -29,9 +29,9 @@ tools_dir="hack/tools"
 bin_dir="${repo_root}/_output/bin"
 all_tools="etcd kube-apiserver kube-controller-manager kustomize csi-attacher csi-mock-driver"
 
-# etcd is built in hack/tools too: the server module at v3.6.8, with
-# go.etcd.io/etcd/{api,client}/v3 at the controller's v3.6.11 (shared
-# modules stay on one version), so `etcd --version` prints 3.6.11.
+# etcd is built in hack/tools too: the server module at v3.7.1, the release of
+# go.etcd.io/etcd/{api,client}/v3 the controller builds (shared modules stay on
+# one version), so `etcd --version` prints 3.7.1.
 package_for() {
   case "$1" in
     etcd) echo "go.etcd.io/etcd/server/v3" ;;
