@@ -84,7 +84,7 @@ func TestShadowOnTheWorkload(t *testing.T) {
 	// uses (TestMultiAttachHandover holds ours to the same text).
 	e.createPod("second", e.nodes[1], data.claim)
 	if got, want := e.waitEvent("second", "FailedAttachVolume", fmt.Sprintf("for volume %q", data.pv)), framework.WaitingForDetachUsedBy(data.pv, "first"); got != want {
-		t.Errorf("kube-controller-manager told pod second %q, this controller tells %q", got, want)
+		t.Errorf("kube-controller-manager told pod second %q, want %q (the words this controller uses)", got, want)
 	}
 	e.deletePod("first")
 	e.waitDetached(data, e.nodes[0])
