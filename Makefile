@@ -154,8 +154,8 @@ verify:
 	@out="$$(gofmt -l $$(git ls-files '*.go'))"; if [[ -n "$$out" ]]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	hack/verify-shared-modules.sh
 	@# Kubernetes libraries stay on one release.
-	@bad="$$(go list -m -f '{{.Path}} {{.Version}}' all | awk '$$1 ~ /^k8s\.io\/(api|apimachinery|apiserver|client-go|component-base|csi-translation-lib|kms)$$/ && $$2 !~ /^v0\.36\./')"; \
-	  if [[ -n "$$bad" ]]; then echo "Kubernetes libraries must stay on v0.36.x:"; echo "$$bad"; exit 1; fi
+	@bad="$$(go list -m -f '{{.Path}} {{.Version}}' all | awk '$$1 ~ /^k8s\.io\/(api|apimachinery|apiserver|client-go|component-base|csi-translation-lib|kms)$$/ && $$2 !~ /^v0\.37\./')"; \
+	  if [[ -n "$$bad" ]]; then echo "Kubernetes libraries must stay on v0.37.x:"; echo "$$bad"; exit 1; fi
 	go vet ./...
 	go run $(STATICCHECK) ./...
 	hack/verify-dockerfile.sh

@@ -29,9 +29,9 @@ tools_dir="hack/tools"
 bin_dir="${repo_root}/_output/bin"
 all_tools="etcd kube-apiserver kube-controller-manager kustomize csi-attacher csi-mock-driver"
 
-# etcd is built in hack/tools too: the server module at v3.6.8, with
-# go.etcd.io/etcd/{api,client}/v3 at the controller's v3.6.11 (shared
-# modules stay on one version), so `etcd --version` prints 3.6.11.
+# etcd is built in hack/tools too: the server module at v3.7.1, the release of
+# go.etcd.io/etcd/{api,client}/v3 the controller builds (shared modules stay on
+# one version), so `etcd --version` prints 3.7.1.
 package_for() {
   case "$1" in
     etcd) echo "go.etcd.io/etcd/server/v3" ;;
@@ -140,7 +140,15 @@ echo "building ${names[*]}" >&2
 # tools share with the controller and its tests (hack/tools/go.mod holds them
 # at the controller's versions) compile once. No DWARF (-w): the links take
 # a fifth less; stack traces are unchanged.
-(cd "${tools_dir}" && CGO_ENABLED=0 go build -trimpath -ldflags=-w -o "${out_dir}/" "${pkgs[@]}")
+# The Kubernetes release is stamped as upstream's release build does
+# (hack/lib/version.sh, less the commit a module zip does not carry), so that
+# `kube-apiserver --version` and the server's /version say it; -X only
+# changes the link, so the shared packages still compile once.
+k8s_version="$(cd "${tools_dir}" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+[[ "${k8s_version}" =~ ^v1\.([0-9]+)\. ]] || { echo "unexpected k8s.io/kubernetes version ${k8s_version}" >&2; exit 1; }
+version_pkg="k8s.io/component-base/version"
+ldflags="-w -X ${version_pkg}.gitVersion=${k8s_version} -X ${version_pkg}.gitMajor=1 -X ${version_pkg}.gitMinor=${BASH_REMATCH[1]} -X ${version_pkg}.gitTreeState=clean"
+(cd "${tools_dir}" && CGO_ENABLED=0 go build -trimpath -ldflags="${ldflags}" -o "${out_dir}/" "${pkgs[@]}")
 for i in "${!names[@]}"; do
   mv -f "${out_dir}/$(output_name "${pkgs[i]}")" "${bin_dir}/${names[i]}"
   echo "${stamps[i]}" >"${bin_dir}/.${names[i]}.stamp.tmp"

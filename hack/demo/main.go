@@ -8,8 +8,8 @@
 //
 //  1. pods with claims bound to CSI volumes, an RWX volume on two nodes, an
 //     in-tree AWS EBS volume on nodes that migrate it to CSI, and one RWO
-//     volume wanted by pods on two nodes: the second pod gets a Multi-Attach
-//     warning, and /explain says why it waits;
+//     volume wanted by pods on two nodes: the second pod gets a "Waiting for
+//     detach" warning, and /explain says why it waits;
 //  2. the first pod of the RWO volume is deleted: kubeletsim unmounts it, the
 //     controller detaches it and attaches it to the other node.
 //

@@ -95,7 +95,7 @@ func story(ctx context.Context, opts options, p *printer, client kubernetes.Inte
 	if err := createPod(ctx, client, waitingPod); err != nil {
 		return err
 	}
-	if err := waitForEvent(ctx, client, waitingPod.name, "FailedAttachVolume", "Multi-Attach error"); err != nil {
+	if err := waitForEvent(ctx, client, waitingPod.name, "FailedAttachVolume", "Waiting for detach"); err != nil {
 		return err
 	}
 	handedOver := placements(waitingPod)

@@ -19,6 +19,11 @@ const (
 	StatusFailUnknown = "fail-unknown"
 )
 
+// StabilityBeta is the stability level of a metric kube-controller-manager
+// serves as BETA (component-base/metrics): dashboards and alerts may rely on
+// its name, labels and buckets.
+const StabilityBeta = "BETA"
+
 // Metrics are the controller's own metrics.
 type Metrics struct {
 	// OperationDuration is storage_operation_duration_seconds.
@@ -41,8 +46,12 @@ type Metrics struct {
 func New() *Metrics {
 	return &Metrics{
 		OperationDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "storage_operation_duration_seconds",
-			Help:    "Storage operation duration",
+			Name: "storage_operation_duration_seconds",
+			// BETA since Kubernetes v1.37: its name, labels and buckets
+			// change only through a deprecation. The help text begins with
+			// the level, as component-base writes it for
+			// kube-controller-manager.
+			Help:    "[" + StabilityBeta + "] Storage operation duration",
 			Buckets: []float64{.1, .25, .5, 1, 2.5, 5, 10, 15, 25, 50, 120, 300, 600},
 		}, []string{"volume_plugin", "operation_name", "status", "migrated"}),
 		ForcedDetaches: prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -105,7 +105,7 @@ const (
 	// PolicyPerNode: each node's CSINode (or CSINodeInfo) decides, for every
 	// plugin; a node that has said nothing yet makes its volumes wait.
 	PolicyPerNode = "per-node"
-	// PolicyCompleted: as kube-controller-manager v1.36, the plugins whose
+	// PolicyCompleted: as kube-controller-manager v1.37, the plugins whose
 	// migration upstream declares complete are CSI on every node, without
 	// reading CSINode; the others (Portworx) are decided per node.
 	PolicyCompleted = "completed"
@@ -127,7 +127,7 @@ func CompletedMigrations(policy string) ([]string, error) {
 	}
 }
 
-// UpstreamCompletedMigrations lists the plugins kube-controller-manager v1.36
+// UpstreamCompletedMigrations lists the plugins kube-controller-manager v1.37
 // treats as migrated on every node (its csimigration.PluginManager
 // IsMigrationCompleteForPlugin with default feature gates). Portworx is not
 // among them: it stays decided per node.

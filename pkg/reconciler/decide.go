@@ -124,7 +124,7 @@ func (r *Reconciler) decideAttach(d Decision, node cache.NodeInfo) Decision {
 			// was attached elsewhere meanwhile).
 			if elsewhere := singleNodeAccessConflict(d.Spec, k.Node, r.actual); len(elsewhere) > 0 {
 				d.Elsewhere = elsewhere
-				return d.with(Blocked, "volume is already exclusively attached to node %s and can't be attached to another", nodesOf(elsewhere))
+				return d.with(Blocked, "volume is already exclusively attached to node %s, waiting on detach before it can be attached to another node", nodesOf(elsewhere))
 			}
 		}
 		return d.with(Attach, "attach in progress")
@@ -139,7 +139,7 @@ func (r *Reconciler) decideAttach(d Decision, node cache.NodeInfo) Decision {
 	}
 	if elsewhere := singleNodeAccessConflict(d.Spec, k.Node, r.actual); len(elsewhere) > 0 {
 		d.Elsewhere = elsewhere
-		return d.with(Blocked, "volume is already exclusively attached to node %s and can't be attached to another", nodesOf(elsewhere))
+		return d.with(Blocked, "volume is already exclusively attached to node %s, waiting on detach before it can be attached to another node", nodesOf(elsewhere))
 	}
 	return d.with(Attach, "not attached yet")
 }

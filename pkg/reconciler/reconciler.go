@@ -270,7 +270,7 @@ func (r *Reconciler) act(ctx context.Context, d Decision, now time.Time, again b
 		return r.attach(ctx, d, now)
 	case Blocked:
 		if len(d.Elsewhere) > 0 {
-			r.warnMultiAttach(d)
+			r.warnWaitingForDetach(d)
 			// The other node's detach re-queues this key.
 			return Result{}, nil
 		}
@@ -523,16 +523,16 @@ func (r *Reconciler) warnOnce(d Decision, reason string, msg func(cache.PodRef) 
 	r.warn(d, reason, msg, "")
 }
 
-// multiAttachWarned stands for "told of the Multi-Attach error" among the
-// messages a pod was told.
-const multiAttachWarned = "\x00multi-attach"
+// waitingForDetachWarned stands for "told it waits for a detach elsewhere"
+// among the messages a pod was told.
+const waitingForDetachWarned = "\x00waiting-for-detach"
 
-// warnMultiAttach posts the Multi-Attach warning to each of the key's pods
-// that was not already given one, whatever it said then: its wording changes
-// while the pod waits (the other pod goes, its detach has yet to finish), and
-// the waiting pod is told once.
-func (r *Reconciler) warnMultiAttach(d Decision) {
-	r.warn(d, "FailedAttachVolume", r.multiAttachMessage(d), multiAttachWarned)
+// warnWaitingForDetach posts the "Waiting for detach" warning to each of the
+// key's pods that was not already given one, whatever it said then: its
+// wording changes while the pod waits (the other pod goes, its detach has yet
+// to finish), and the waiting pod is told once.
+func (r *Reconciler) warnWaitingForDetach(d Decision) {
+	r.warn(d, "FailedAttachVolume", r.waitingForDetachMessage(d), waitingForDetachWarned)
 }
 
 // warn posts msg to each pod not told seen before (the message itself when
@@ -570,15 +570,16 @@ func (r *Reconciler) forget(k cache.Key) {
 	r.mu.Unlock()
 }
 
-// multiAttachMessage words the multi-attach error as upstream does: it names
-// the pods that use the volume on the other nodes when they are in the
-// told pod's namespace, and only counts the others.
-func (r *Reconciler) multiAttachMessage(d Decision) func(cache.PodRef) string {
-	prefix := fmt.Sprintf("Multi-Attach error for volume %q ", displayName(d.Spec))
+// waitingForDetachMessage words the warning of a single-node volume held on
+// another node as kube-controller-manager v1.37 does (v1.36 began it with
+// "Multi-Attach error"): it names the pods that use the volume on the other
+// nodes when they are in the told pod's namespace, and only counts the others.
+func (r *Reconciler) waitingForDetachMessage(d Decision) func(cache.PodRef) string {
+	prefix := fmt.Sprintf("Waiting for detach for volume %q ", displayName(d.Spec))
 	users := r.podsElsewhere(d)
 	return func(p cache.PodRef) string {
 		if len(users) == 0 {
-			return prefix + "Volume is already exclusively attached to one node and can't be attached to another"
+			return prefix + "Volume is already exclusively attached to one node, waiting on detach before it can be attached to another node"
 		}
 		var local []string
 		others := 0

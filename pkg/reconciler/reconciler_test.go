@@ -233,11 +233,13 @@ func failed(pv, msg string) string {
 	return `Warning FailedAttachVolume AttachVolume.Attach failed for volume "` + pv + `" : ` + msg
 }
 
-func multiAttach(pv, msg string) string {
-	return `Warning FailedAttachVolume Multi-Attach error for volume "` + pv + `" ` + msg
+// waitingForDetach is the warning of a single-node volume held on another
+// node, worded as kube-controller-manager v1.37 words it.
+func waitingForDetach(pv, msg string) string {
+	return `Warning FailedAttachVolume Waiting for detach for volume "` + pv + `" ` + msg
 }
 
-const exclusive = "Volume is already exclusively attached to one node and can't be attached to another"
+const exclusive = "Volume is already exclusively attached to one node, waiting on detach before it can be attached to another node"
 
 // histogram reads storage_operation_duration_seconds for a CSI volume of
 // d.example.com, not migrated.
@@ -582,13 +584,15 @@ func TestSync(t *testing.T) {
 			wantForced: map[string]float64{ForceOutOfService: 1},
 		},
 		{
-			name:        "RWO attached to another node no pod wants it on: multi-attach error once, attach after the detach",
+			name:        "RWO attached to another node no pod wants it on: waiting-for-detach warning once, attach after the detach",
 			nodes:       map[string]cache.NodeInfo{node1: mounted(ready, specA.Name), node2: ready},
 			pods:        []wants{{podB, node2, []*volume.Spec{specA}}},
 			attachments: []cache.Attachment{attached(specA, node1, nil)},
 			attach:      map[volume.Name]attachReply{specA.Name: {res: AttachResult{Attached: true}}},
 			steps: []step{
-				{key: key(specA, node2), wantEvents: []string{multiAttach("pv-a", exclusive)}},
+				// Byte for byte what kube-controller-manager v1.37 posts.
+				{key: key(specA, node2), wantEvents: []string{`Warning FailedAttachVolume Waiting for detach for volume "pv-a" ` +
+					`Volume is already exclusively attached to one node, waiting on detach before it can be attached to another node`}},
 				{name: "told once", key: key(specA, node2)},
 				{name: "detached from node-1", before: func(e *env) { e.actual.Delete(key(specA, node1)) }, key: key(specA, node2),
 					wantCalls:  []string{"csi attach " + string(specA.Name) + "@node-2"},
@@ -597,7 +601,7 @@ func TestSync(t *testing.T) {
 			wantActual: map[cache.Key]attView{key(specA, node2): {State: cache.Attached}},
 		},
 		{
-			name:  "RWO used by pods on another node: multi-attach error names them, per namespace",
+			name:  "RWO used by pods on another node: the waiting-for-detach warning names them, per namespace",
 			nodes: map[string]cache.NodeInfo{node1: ready, node2: ready},
 			pods: []wants{
 				{podA, node1, []*volume.Spec{specA}}, {podC, node1, []*volume.Spec{specA}}, {podE, node1, []*volume.Spec{specA}},
@@ -606,8 +610,8 @@ func TestSync(t *testing.T) {
 			attachments: []cache.Attachment{attached(specA, node1, nil)},
 			steps: []step{
 				{key: key(specA, node2), wantEvents: []string{
-					multiAttach("pv-a", "Volume is already used by pod(s) pod-a, pod-e and 1 pod(s) in different namespaces"),
-					multiAttach("pv-a", "Volume is already used by 3 pod(s) in different namespaces"),
+					waitingForDetach("pv-a", "Volume is already used by pod(s) pod-a, pod-e and 1 pod(s) in different namespaces"),
+					waitingForDetach("pv-a", "Volume is already used by 3 pod(s) in different namespaces"),
 				}},
 				{name: "told once", key: key(specA, node2)},
 			},
@@ -619,7 +623,7 @@ func TestSync(t *testing.T) {
 			pods:        []wants{{podA, node1, []*volume.Spec{specA}}, {podB, node2, []*volume.Spec{specA}}},
 			attachments: []cache.Attachment{attached(specA, node1, nil)},
 			steps: []step{
-				{key: key(specA, node2), wantEvents: []string{multiAttach("pv-a", "Volume is already used by pod(s) pod-a")}},
+				{key: key(specA, node2), wantEvents: []string{waitingForDetach("pv-a", "Volume is already used by pod(s) pod-a")}},
 				{name: "pod-a gone, node-1 still attached: not told again",
 					before: func(e *env) { e.desired.SetPod(podA, node1, nil) }, key: key(specA, node2)},
 			},
@@ -632,7 +636,7 @@ func TestSync(t *testing.T) {
 				Driver: "ebs.csi.aws.com", VolumeHandle: "vol-ebs", PVName: "pv-ebs", SingleNode: true, Migrated: true}}}},
 			attachments: []cache.Attachment{{Key: cache.Key{Volume: ebsInTree, Node: node1}, State: cache.Uncertain, Kind: volume.KindInTree}},
 			steps: []step{
-				{key: cache.Key{Volume: ebsCSI, Node: node2}, wantEvents: []string{multiAttach("pv-ebs", exclusive)}},
+				{key: cache.Key{Volume: ebsCSI, Node: node2}, wantEvents: []string{waitingForDetach("pv-ebs", exclusive)}},
 			},
 			wantActual: map[cache.Key]attView{{Volume: ebsInTree, Node: node1}: {State: cache.Uncertain}},
 		},
@@ -901,7 +905,7 @@ func TestDecideReasons(t *testing.T) {
 		{
 			name: "multi-attach", pods: []wants{{podB, node2, []*volume.Spec{specA}}},
 			attachment: &cache.Attachment{Key: key(specA, node1), State: cache.Attached}, key: key(specA, node2),
-			wantAction: Blocked, wantReason: "volume is already exclusively attached to node node-1 and can't be attached to another",
+			wantAction: Blocked, wantReason: "volume is already exclusively attached to node node-1, waiting on detach before it can be attached to another node",
 		},
 		{
 			name:       "mounted",

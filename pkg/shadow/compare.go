@@ -100,7 +100,7 @@ func Compare(o reconciler.Observation, c Cluster, held Kind) Verdict {
 		v.Ours = fmt.Sprintf("%s: %s", reconciler.Blocked, d.Spec.Pending)
 	case d.Desired && c.present() && len(o.HeldElsewhere) > 0:
 		v.Kind = WouldNotAttach
-		v.Ours = fmt.Sprintf("%s: volume is already exclusively attached to node %s and can't be attached to another",
+		v.Ours = fmt.Sprintf("%s: volume is already exclusively attached to node %s, waiting on detach before it can be attached to another node",
 			reconciler.Blocked, nodesOf(o.HeldElsewhere))
 	case d.Desired && c.State == NotAttached && d.Action == reconciler.Attach:
 		v.Kind = WouldAttach

@@ -23,7 +23,7 @@ type InTreePlugin struct {
 	// CSIDriver is the CSI driver its volumes migrate to; empty when they
 	// never do (iSCSI, FC).
 	CSIDriver string
-	// MigrationCompleteUpstream: kube-controller-manager v1.36 treats the
+	// MigrationCompleteUpstream: kube-controller-manager v1.37 treats the
 	// plugin as migrated on every node (its csimigration.PluginManager's
 	// IsMigrationCompleteForPlugin with default feature gates).
 	MigrationCompleteUpstream bool

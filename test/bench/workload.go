@@ -372,7 +372,7 @@ func (w *Workload) benchNode(name string, i int) *v1.Node {
 	n.Status.NodeInfo = v1.NodeSystemInfo{
 		MachineID: fmt.Sprintf("%032x", i), SystemUUID: fmt.Sprintf("%032x", i+1), BootID: fmt.Sprintf("%032x", i+2),
 		KernelVersion: "6.8.0-1021-aws", OSImage: "Ubuntu 24.04.1 LTS", ContainerRuntimeVersion: "containerd://1.7.24",
-		KubeletVersion: "v1.36.3", OperatingSystem: "linux", Architecture: "amd64",
+		KubeletVersion: "v1.37.2", OperatingSystem: "linux", Architecture: "amd64",
 	}
 	now := n.Status.Conditions[0].LastHeartbeatTime
 	for _, t := range []v1.NodeConditionType{v1.NodeMemoryPressure, v1.NodeDiskPressure, v1.NodePIDPressure} {

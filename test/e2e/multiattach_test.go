@@ -1,16 +1,19 @@
 package e2e
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
 // TestMultiAttachHandover: a ReadWriteOnce volume wanted on a second node
-// waits, with a Multi-Attach warning, until the first pod is gone and the
-// volume detached from its node; then it is attached to the second. It is
+// waits, with a "Waiting for detach" warning, until the first pod is gone and
+// the volume detached from its node; then it is attached to the second. It is
 // never attached to both at once.
 func TestMultiAttachHandover(t *testing.T) {
 	e := newEnv(t, "handover", 2)
@@ -20,7 +23,9 @@ func TestMultiAttachHandover(t *testing.T) {
 	e.waitAttached(v, e.nodes[0])
 
 	e.createPod("second", e.nodes[1], v.claim)
-	e.waitEvent("second", "FailedAttachVolume", "Multi-Attach error for volume")
+	if got, want := e.waitEvent("second", "FailedAttachVolume", fmt.Sprintf("for volume %q", v.pv)), framework.WaitingForDetachUsedBy(v.pv, "first"); got != want {
+		t.Errorf("pod second told %q, want %q", got, want)
+	}
 	expl, raw, err := e.controller.Explain(e.ctx, e.ns+"/second")
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -80,7 +81,12 @@ func TestShadowOnTheWorkload(t *testing.T) {
 	}, "/explain of pod legacy: attached in the cluster, nothing to do, no disagreement")
 
 	// It moves: the second pod waits until the first is gone.
+	// kube-controller-manager tells it why in the words this controller
+	// uses (TestMultiAttachHandover holds ours to the same text).
 	e.createPod("second", e.nodes[1], data.claim)
+	if got, want := e.waitEvent("second", "FailedAttachVolume", fmt.Sprintf("for volume %q", data.pv)), framework.WaitingForDetachUsedBy(data.pv, "first"); got != want {
+		t.Errorf("kube-controller-manager told pod second %q, want %q (the words this controller uses)", got, want)
+	}
 	e.deletePod("first")
 	e.waitDetached(data, e.nodes[0])
 	e.waitAttached(data, e.nodes[1])

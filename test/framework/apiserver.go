@@ -70,6 +70,11 @@ func startAPIServer(ctx context.Context, binary, dir, etcdURL string, creds *cre
 			// Without it the apiserver looks for a host interface with a
 			// default route, which a sandbox may not have.
 			"--advertise-address=127.0.0.1",
+			// From v1.37 the endpoint reconciler refuses a loopback
+			// address ("may not be in the loopback range") and the server
+			// exits; nothing here reaches the apiserver through the
+			// kubernetes Service, so its endpoints need no keeping.
+			"--endpoint-reconciler-type=none",
 			"--secure-port=" + strconv.Itoa(port),
 			"--cert-dir=" + filepath.Join(dir, "apiserver-certs"),
 			"--token-auth-file=" + creds.tokenFile,

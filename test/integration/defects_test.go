@@ -46,8 +46,8 @@ func (e *env) startControllerVia(p *apiProxy, configure func(*app.Options)) *con
 
 // An admin deletes, as fast as they come back, the VolumeAttachments of
 // ReadWriteOnce volumes whose attach fails, each wanted by pods on two nodes
-// (the one that came second told of the Multi-Attach error): each time the
-// controller creates one again, and no volume ever has VolumeAttachments on
+// (the one that came second told it waits for a detach elsewhere): each time
+// the controller creates one again, and no volume ever has VolumeAttachments on
 // both nodes, not even for a moment. Once the pod of the node that holds a
 // volume goes, the other node gets it. Several volumes at once, and kubelet's
 // churn of volumesInUse, keep the controller's workers busy, which widens
@@ -88,7 +88,7 @@ func TestVolumeAttachmentDeletedByAdminNeverAttachesTwice(t *testing.T) {
 		e.createPod(podOn(i, node2, node1), node2, fmt.Sprintf("claim-%d", i))
 	}
 	for i := range volumes {
-		e.waitMultiAttach(podOn(i, node2, node1))
+		e.waitWaitingForDetach(podOn(i, node2, node1))
 	}
 
 	// Every VolumeAttachment of the volumes, as soon as it is seen, is
@@ -225,13 +225,13 @@ func (e *env) deleteVA(name string, uid types.UID) {
 	}
 }
 
-// waitMultiAttach waits for the Multi-Attach warning on pod.
-func (e *env) waitMultiAttach(pod string) {
+// waitWaitingForDetach waits for the "Waiting for detach" warning on pod.
+func (e *env) waitWaitingForDetach(pod string) {
 	e.t.Helper()
 	framework.Eventually(e.t, waitTimeout, func() (bool, error) {
 		warnings, err := e.warnings(pod)
-		return slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, "Multi-Attach error") }), err
-	}, "pod %s told about the Multi-Attach error", pod)
+		return slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, "Waiting for detach for volume") }), err
+	}, "pod %s told it waits for a detach elsewhere", pod)
 }
 
 // The controller writes node status listing a volume; before the answer
@@ -410,7 +410,7 @@ func TestManagementToggleSeenOnlyInStatusAnswersStillDetaches(t *testing.T) {
 
 	e.deletePod("pod-1")
 	e.createPod("pod-4", node2, "claim-1")
-	e.waitMultiAttach("pod-4")
+	e.waitWaitingForDetach("pod-4")
 	e.setVolumesInUse(node)
 	e.waitDetached(driver, "vol-1", node)
 	e.markAttached(e.waitVA(framework.VolumeAttachmentName("vol-1", driver, node2)).Name)

@@ -11,8 +11,9 @@ import (
 )
 
 // A ReadWriteOnce volume attached to one node is refused to a pod on another
-// node, with the Multi-Attach warning, until the first node detaches it; then
-// it is handed over.
+// node, with the "Waiting for detach" warning (byte for byte
+// kube-controller-manager's: test/e2e TestShadowOnTheWorkload), until the
+// first node detaches it; then it is handed over.
 func TestMultiAttachHandover(t *testing.T) {
 	e := newEnv(t, "multiattach")
 	driver := e.name("csi.test")
@@ -37,7 +38,7 @@ func TestMultiAttachHandover(t *testing.T) {
 	// A pod of the same namespace holds it: the warning names that pod.
 	e.createPod("pod-b", node2, "claim")
 	e.waitEvent("pod-b", v1.EventTypeWarning, "FailedAttachVolume",
-		fmt.Sprintf("Multi-Attach error for volume %q Volume is already used by pod(s) pod-a", pv.Name))
+		framework.WaitingForDetachUsedBy(pv.Name, "pod-a"))
 	framework.Consistently(t, quietPeriod, noSecond, "no VolumeAttachment for node %s while pod-a on node %s uses the volume", node2, node1)
 
 	// No pod wants it on node 1 any more, but it is still mounted there. A
@@ -47,7 +48,7 @@ func TestMultiAttachHandover(t *testing.T) {
 	e.waitDetached(driver, "vol-marker", node1)
 	e.createPod("pod-c", node2, "claim")
 	e.waitEvent("pod-c", v1.EventTypeWarning, "FailedAttachVolume",
-		fmt.Sprintf("Multi-Attach error for volume %q Volume is already exclusively attached to one node and can't be attached to another", pv.Name))
+		framework.WaitingForDetachExclusive(pv.Name))
 	framework.Consistently(t, quietPeriod, noSecond, "no VolumeAttachment for node %s while the volume is mounted on node %s", node2, node1)
 	if _, ok, err := e.getVA(framework.VolumeAttachmentName("vol-1", driver, node1)); err != nil || !ok {
 		t.Fatalf("VolumeAttachment on node %s: exists %v, err %v", node1, ok, err)

@@ -96,8 +96,8 @@ func TestSafetyOneNodeAtATimeForRWO(t *testing.T) {
 				return false, err
 			}
 			warnings, err := e.warnings(loser)
-			return slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, "Multi-Attach error") }), err
-		}, "pod %s told about the Multi-Attach error", loser)
+			return slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, "Waiting for detach for volume") }), err
+		}, "pod %s told it waits for a detach elsewhere", loser)
 	}
 	framework.Consistently(t, quietPeriod, oneAtATime, "one VolumeAttachment at most per ReadWriteOnce volume")
 
@@ -246,8 +246,8 @@ func TestSafetyInstantDetachWakesWaitingPod(t *testing.T) {
 	e.createPod("pod-b", node2, "claim")
 	framework.Eventually(t, waitTimeout, func() (bool, error) {
 		warnings, err := e.warnings("pod-b")
-		return slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, "Multi-Attach error") }), err
-	}, "pod-b told about the Multi-Attach error")
+		return slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, "Waiting for detach for volume") }), err
+	}, "pod-b told it waits for a detach elsewhere")
 
 	e.deletePod("pod-a")
 	framework.Consistently(t, quietPeriod, func() error {
@@ -279,8 +279,8 @@ func TestSafetyDetachOfVanishedAttachmentWakesWaitingPod(t *testing.T) {
 	e.createPod("pod-b", node2, "claim")
 	framework.Eventually(t, waitTimeout, func() (bool, error) {
 		warnings, err := e.warnings("pod-b")
-		return slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, "Multi-Attach error") }), err
-	}, "pod-b told about the Multi-Attach error")
+		return slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, "Waiting for detach for volume") }), err
+	}, "pod-b told it waits for a detach elsewhere")
 
 	e.deletePod("pod-a")
 	if err := ignoreNotFound(e.client.StorageV1().VolumeAttachments().Delete(e.ctx, va.Name, metav1.DeleteOptions{})); err != nil {

@@ -16,11 +16,18 @@ import (
 // catalogueFile is the metrics catalogue, relative to the repository root.
 const catalogueFile = "docs/metrics.md"
 
-// family is a metric family: its type and label names.
+// family is a metric family: its type, label names and stability level.
 type family struct {
 	typ    string
 	labels []string // sorted; histogram le and summary quantile left out
+	// stability is BETA or STABLE when the family declares it (component-base
+	// begins the help with "[BETA] "; the catalogue the meaning with
+	// "**BETA**"), else empty.
+	stability string
 }
+
+// stabilityLevels are the levels above ALPHA that a family may declare.
+var stabilityLevels = []string{"BETA", "STABLE"}
 
 // runtimeFamilies are families documented as one row each (go_*,
 // process_*), or not at all (promhttp_*): they come with the Prometheus
@@ -37,12 +44,22 @@ func isRuntime(name string) bool {
 }
 
 // parseExposition reads the families of a Prometheus text exposition: the
-// type from "# TYPE" lines and the label names from the samples.
+// type from "# TYPE" lines, the stability level from "# HELP" lines and the
+// label names from the samples.
 func parseExposition(text string) (map[string]family, error) {
 	families := map[string]family{}
 	labelSets := map[string]map[string]bool{}
+	levels := map[string]string{}
 	for line := range strings.Lines(text) {
 		line = strings.TrimSpace(line)
+		if rest, ok := strings.CutPrefix(line, "# HELP "); ok {
+			name, help, _ := strings.Cut(rest, " ")
+			for _, l := range stabilityLevels {
+				if strings.HasPrefix(help, "["+l+"] ") {
+					levels[name] = l
+				}
+			}
+		}
 		if rest, ok := strings.CutPrefix(line, "# TYPE "); ok {
 			f := strings.Fields(rest)
 			if len(f) != 2 {
@@ -79,6 +96,7 @@ func parseExposition(text string) (map[string]family, error) {
 	}
 	for name, f := range families {
 		f.labels = slices.Sorted(maps.Keys(labelSets[name]))
+		f.stability = levels[name]
 		families[name] = f
 	}
 	return families, nil
@@ -147,6 +165,11 @@ func parseCatalogue(text string) (catalogue, error) {
 		for _, l := range backticked.FindAllStringSubmatch(cells[2], -1) {
 			f.labels = append(f.labels, l[1])
 		}
+		for _, l := range stabilityLevels {
+			if strings.HasPrefix(strings.TrimSpace(strings.Join(cells[3:], "|")), "**"+l+"**") {
+				f.stability = l
+			}
+		}
 		slices.Sort(f.labels)
 		c.families[name] = f
 	}
@@ -195,6 +218,8 @@ func compareCatalogue(served map[string]family, doc catalogue, expectAll bool) [
 			problems = append(problems, fmt.Sprintf("%s is a %s, %s says %s", name, f.typ, catalogueFile, d.typ))
 		case !slices.Equal(d.labels, f.labels):
 			problems = append(problems, fmt.Sprintf("%s has labels %v, %s says %v", name, f.labels, catalogueFile, d.labels))
+		case d.stability != f.stability:
+			problems = append(problems, fmt.Sprintf("%s is served at stability %q, %s says %q", name, f.stability, catalogueFile, d.stability))
 		}
 	}
 	if expectAll {
@@ -210,7 +235,7 @@ func compareCatalogue(served map[string]family, doc catalogue, expectAll bool) [
 // TestCatalogueCheck shows that the comparison catches each kind of
 // difference, so that TestMetricsCatalogue can fail.
 func TestCatalogueCheck(t *testing.T) {
-	exposition := `# HELP a_total A.
+	exposition := `# HELP a_total [BETA] A.
 # TYPE a_total counter
 a_total{code="200",method="GET"} 3
 a_total{code="500",method="GET"} 1
@@ -233,24 +258,24 @@ esc{msg="a \"quoted\" } brace"} 1
 		t.Fatal(err)
 	}
 	want := map[string]family{
-		"a_total":          {"counter", []string{"code", "method"}},
-		"lat_seconds":      {"histogram", []string{"verb"}},
-		"g":                {"gauge", nil},
-		"go_goroutines":    {"gauge", nil},
-		"process_open_fds": {"gauge", nil},
-		"esc":              {"counter", []string{"msg"}},
+		"a_total":          {"counter", []string{"code", "method"}, "BETA"},
+		"lat_seconds":      {"histogram", []string{"verb"}, ""},
+		"g":                {"gauge", nil, ""},
+		"go_goroutines":    {"gauge", nil, ""},
+		"process_open_fds": {"gauge", nil, ""},
+		"esc":              {"counter", []string{"msg"}, ""},
 	}
 	if len(served) != len(want) {
 		t.Fatalf("parsed %v, want %v", served, want)
 	}
 	for name, f := range want {
-		if got := served[name]; got.typ != f.typ || !slices.Equal(got.labels, f.labels) {
+		if got := served[name]; got.typ != f.typ || !slices.Equal(got.labels, f.labels) || got.stability != f.stability {
 			t.Errorf("%s: parsed %v, want %v", name, got, f)
 		}
 	}
 
 	doc, err := parseCatalogue("| name | type | labels | meaning |\n|---|---|---|---|\n" +
-		"| `a_total` | counter | `method`, `code` | requests |\n" +
+		"| `a_total` | counter | `method`, `code` | **BETA**: requests |\n" +
 		"| `lat_seconds` | gauge | `verb` | latency |\n" +
 		"| `esc` | counter | `msg` | escapes |\n" +
 		"| `stale_total` | counter | - | gone |\n" +
@@ -272,14 +297,20 @@ esc{msg="a \"quoted\" } brace"} 1
 	if len(problems) != 4 {
 		t.Errorf("want 4 problems, got %q", problems)
 	}
-	doc.families["a_total"] = family{"counter", []string{"code"}}
+	doc.families["a_total"] = family{"counter", []string{"code"}, "BETA"}
 	if p := compareCatalogue(served, doc, false); !slices.ContainsFunc(p, func(s string) bool { return strings.Contains(s, "a_total has labels") }) {
 		t.Errorf("wrong labels not reported: %q", p)
+	}
+	doc.families["a_total"] = family{"counter", []string{"code", "method"}, ""}
+	if p := compareCatalogue(served, doc, false); !slices.ContainsFunc(p, func(s string) bool {
+		return strings.Contains(s, `a_total is served at stability "BETA", docs/metrics.md says ""`)
+	}) {
+		t.Errorf("undocumented stability level not reported: %q", p)
 	}
 	if doc.hasSeries("lat_seconds_count") {
 		t.Errorf("lat_seconds_count counted as a series of the gauge lat_seconds")
 	}
-	doc.families["lat_seconds"] = family{"histogram", []string{"verb"}}
+	doc.families["lat_seconds"] = family{"histogram", []string{"verb"}, ""}
 	if !doc.hasSeries("lat_seconds_count") || !doc.hasSeries("lat_seconds_bucket") || doc.hasSeries("lat_seconds_total") {
 		t.Errorf("series of the histogram lat_seconds not recognised")
 	}

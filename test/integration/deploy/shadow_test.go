@@ -56,7 +56,7 @@ type shadowSummary struct {
 //
 //   - CSI volumes attached and detached: both agree, nothing is reported;
 //   - an in-tree awsElasticBlockStore volume on a node without a CSINode:
-//     kube-controller-manager v1.36 attaches it through ebs.csi.aws.com at
+//     kube-controller-manager v1.37 attaches it through ebs.csi.aws.com at
 //     once (its migration is complete upstream), this controller
 //     (--csi-migration=per-node) waits for the node's CSINode: reported as
 //     would-not-attach until the CSINode comes;

@@ -10,7 +10,7 @@ import (
 	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
-// With --csi-migration=completed, as kube-controller-manager v1.36, an
+// With --csi-migration=completed, as kube-controller-manager v1.37, an
 // awsElasticBlockStore volume is attached through ebs.csi.aws.com on a node
 // that has no CSINode (nor CSINodeInfo) at all: at once, without waiting.
 func TestCompletedMigrationPolicy(t *testing.T) {

@@ -220,7 +220,7 @@ func iscsiName(portal, iqn string, lun int32) (string, error) {
 	return inTreeName(iscsiPluginName, fmt.Sprintf("%s:%s:%d", portal, iqn, lun))
 }
 
-// fcName follows the FC plugin of Kubernetes v1.36 to the letter: it formats
+// fcName follows the FC plugin of Kubernetes v1.37 to the letter: it formats
 // the whole slice with %v, so the name is "[wwn1 wwn2]:<lun>", or
 // "[wwid1 ...]" when only WWIDs are set.
 func fcName(fc *v1.FCVolumeSource) (string, error) {
