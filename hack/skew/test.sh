@@ -43,16 +43,19 @@ done
 results="${repo_root}/_output/skew/results.txt"
 rows="$(mktemp)"
 failed_tests="$(mktemp)"
-trap 'rm -f "${rows}" "${failed_tests}"' EXIT
+printed="$(mktemp)"
+trap 'rm -f "${rows}" "${failed_tests}" "${printed}"' EXIT
 status=0
 
-# run_suite SERVER LOG TIMEOUT PACKAGE...: go test against the server
-# binary, its output printed and appended to LOG.
+# run_suite SERVER LOG TIMEOUT PACKAGE...: go test -v against the server
+# binary, its output appended to LOG, its summary lines printed.
 run_suite() {
   local server_bin="$1" log="$2" timeout="$3" rc=0
   shift 3
   # shellcheck disable=SC2086 # GO_TEST and TEST_FLAGS are word lists
-  ADC_KUBE_APISERVER_BINARY="${server_bin}" ${GO_TEST} ${TEST_FLAGS} -timeout "${timeout}" "$@" 2>&1 | tee -a "${log}" || rc=$?
+  ADC_KUBE_APISERVER_BINARY="${server_bin}" ${GO_TEST} ${TEST_FLAGS} -v -timeout "${timeout}" "$@" >>"${log}" 2>&1 || rc=$?
+  grep -E '^(ok|FAIL|--- FAIL|panic:)' "${log}" | grep -vxF -f "${printed}" || true
+  grep -E '^(ok|FAIL|--- FAIL|panic:)' "${log}" >"${printed}" || true
   [[ ${rc} -eq 0 ]] || status=1
 }
 
@@ -65,6 +68,7 @@ for minor in "$@"; do
   fi
   log="$(dirname "${server_bin}")/test.log"
   : >"${log}"
+  : >"${printed}"
   echo "=== kube-apiserver ${version}: integration and end-to-end tests (log: ${log#"${repo_root}/"})"
   # shellcheck disable=SC2086 # the package lists are word lists
   run_suite "${server_bin}" "${log}" 20m ${INTEGRATION_PACKAGES}
@@ -77,6 +81,16 @@ for minor in "$@"; do
     $1 ~ /^FAIL/ && NF >= 3 { printf "%s\t%s\tFAIL\t%s\n", v, $2, $3 }
   ' "${log}" >>"${rows}"
   grep -E '^--- FAIL: ' "${log}" | sed "s/^/${version} /" >>"${failed_tests}" || true
+  # Every cluster the tests started logs the release its server reports
+  # (test/framework): proof that they ran against this one.
+  others="$(grep -o 'Cluster started.* version="[^"]*"' "${log}" | sed 's/.* version="\([^"]*\)"/\1/' | sort | uniq -c | grep -v " ${version}\$" || true)"
+  clusters="$(grep -c 'Cluster started.* version="' "${log}" || true)"
+  if [[ -n "${others}" || "${clusters}" -eq 0 ]]; then
+    echo "${version}: ${clusters} cluster starts logged, not all on kube-apiserver ${version}: ${others}" | tee -a "${failed_tests}"
+    status=1
+  else
+    echo "${version}: ${clusters} cluster starts logged, every one on kube-apiserver ${version}"
+  fi
 done
 
 {
