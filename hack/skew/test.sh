@@ -43,19 +43,20 @@ done
 results="${repo_root}/_output/skew/results.txt"
 rows="$(mktemp)"
 failed_tests="$(mktemp)"
-printed="$(mktemp)"
-trap 'rm -f "${rows}" "${failed_tests}" "${printed}"' EXIT
+trap 'rm -f "${rows}" "${failed_tests}"' EXIT
 status=0
 
 # run_suite SERVER LOG TIMEOUT PACKAGE...: go test -v against the server
-# binary, its output appended to LOG, its summary lines printed.
+# binary, its output appended to LOG, its summary lines printed as they come.
 run_suite() {
-  local server_bin="$1" log="$2" timeout="$3" rc=0
+  local server_bin="$1" log="$2" timeout="$3" rc
   shift 3
+  set +e
   # shellcheck disable=SC2086 # GO_TEST and TEST_FLAGS are word lists
-  ADC_KUBE_APISERVER_BINARY="${server_bin}" ${GO_TEST} ${TEST_FLAGS} -v -timeout "${timeout}" "$@" >>"${log}" 2>&1 || rc=$?
-  grep -E '^(ok|FAIL|--- FAIL|panic:)' "${log}" | grep -vxF -f "${printed}" || true
-  grep -E '^(ok|FAIL|--- FAIL|panic:)' "${log}" >"${printed}" || true
+  ADC_KUBE_APISERVER_BINARY="${server_bin}" ${GO_TEST} ${TEST_FLAGS} -v -timeout "${timeout}" "$@" 2>&1 |
+    tee -a "${log}" | grep --line-buffered -E '^(ok|FAIL|--- FAIL|panic:)'
+  rc=${PIPESTATUS[0]}
+  set -e
   [[ ${rc} -eq 0 ]] || status=1
 }
 
@@ -68,7 +69,6 @@ for minor in "$@"; do
   fi
   log="$(dirname "${server_bin}")/test.log"
   : >"${log}"
-  : >"${printed}"
   echo "=== kube-apiserver ${version}: integration and end-to-end tests (log: ${log#"${repo_root}/"})"
   # shellcheck disable=SC2086 # the package lists are word lists
   run_suite "${server_bin}" "${log}" 20m ${INTEGRATION_PACKAGES}
