@@ -70,6 +70,12 @@ func startAPIServer(ctx context.Context, binary, dir, etcdURL string, creds *cre
 			// Without it the apiserver looks for a host interface with a
 			// default route, which a sandbox may not have.
 			"--advertise-address=127.0.0.1",
+			// The default (lease) reconciler publishes the advertised
+			// address as the endpoint of the kubernetes Service, which may
+			// not be a loopback address: from v1.37 kube-apiserver refuses
+			// to start with that pair. Nothing here reaches the API through
+			// that Service.
+			"--endpoint-reconciler-type=none",
 			"--secure-port=" + strconv.Itoa(port),
 			"--cert-dir=" + filepath.Join(dir, "apiserver-certs"),
 			"--token-auth-file=" + creds.tokenFile,
