@@ -7,6 +7,8 @@
 #   make verify       gofmt, go vet, staticcheck, module and version pins,
 #                     the Dockerfile, the manifests and the Helm chart
 #   make kubectl-adc  the kubectl plugin (kubectl adc why pod/NAME)
+#   make test-skew    integration and end-to-end tests against every
+#                     supported kube-apiserver release (not in make test)
 
 SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
@@ -43,7 +45,7 @@ E2E_TOOLS := etcd kube-apiserver csi-attacher csi-mock-driver
 # manifests/, as `kubectl kustomize` would), and the e2e stack.
 TOOLS := $(E2E_TOOLS) kube-controller-manager kustomize
 
-.PHONY: all build kubectl-adc kubectl-adc-release tools go-tools helm promtool test-binaries test test-unit test-bench test-sim test-integration test-e2e test-chaos chaos demo bench verify image clean
+.PHONY: all build kubectl-adc kubectl-adc-release tools go-tools helm promtool test-binaries test test-unit test-bench test-sim test-integration test-e2e test-chaos test-skew chaos demo bench verify image clean
 
 all: build
 
@@ -117,14 +119,28 @@ TEST_BINARIES := ADC_CONTROLLER_BINARY=$(abspath $(BIN_DIR))/attach-detach-contr
 test-binaries: build
 	go build -o $(BIN_DIR)/kubeletsim ./test/kubeletsim
 
+INTEGRATION_PACKAGES = $(shell go list ./test/... | grep -v -e /test/e2e -e /test/sim -e /test/chaos)
+
 test-integration: tools test-binaries
-	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 20m $$(go list ./test/... | grep -v -e /test/e2e -e /test/sim -e /test/chaos)
+	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 20m $(INTEGRATION_PACKAGES)
 
 # The controller binary with the real CSI external-attacher, a CSI mock driver
 # and simulated kubelets; in shadow mode, beside kube-controller-manager.
 test-e2e: test-binaries
 	hack/build-tools.sh $(E2E_TOOLS) kube-controller-manager
 	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 10m ./test/e2e/...
+
+# The integration and end-to-end tests against each supported kube-apiserver
+# release (hack/skew/vMAJOR.MINOR, built from the module proxy into
+# _output/skew by hack/skew/build.sh; hack/skew/update.sh moves one to
+# another patch release); everything else stays at the controller's release.
+# Not part of make test: each server is a build of minutes and each release
+# a full run of both suites. Table in _output/skew/results.txt.
+SKEW_VERSIONS ?= v1.34 v1.35 v1.36 v1.37
+test-skew: tools test-binaries
+	hack/build-tools.sh $(E2E_TOOLS) kube-controller-manager
+	$(TEST_BINARIES) INTEGRATION_PACKAGES='$(INTEGRATION_PACKAGES)' GO_TEST='$(GO_TEST)' TEST_FLAGS='$(TEST_FLAGS)' \
+	  hack/skew/test.sh $(SKEW_VERSIONS)
 
 # Churn and faults on the real stack (test/chaos): a short run in make test,
 # CHAOS_DURATION of it with make chaos; CHAOS_SEED=N replays a schedule.

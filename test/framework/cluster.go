@@ -21,6 +21,10 @@ import (
 const (
 	// BinDirEnv overrides where Start looks for etcd and kube-apiserver.
 	BinDirEnv = "ADC_BIN_DIR"
+	// APIServerBinaryEnv names a kube-apiserver binary that Start runs
+	// instead of the one in the bin directory: make test-skew runs the
+	// same tests against other Kubernetes releases with it.
+	APIServerBinaryEnv = "ADC_KUBE_APISERVER_BINARY"
 	// DefaultStartTimeout is long because the first start after a build is
 	// slow: the OS has yet to page in a 150 MB kube-apiserver binary.
 	DefaultStartTimeout = 90 * time.Second
@@ -31,6 +35,9 @@ type Options struct {
 	// BinDir holds the etcd and kube-apiserver binaries. Default: $ADC_BIN_DIR,
 	// else _output/bin in the module root found above the working directory.
 	BinDir string
+	// APIServerBinary is the kube-apiserver to run. Default:
+	// $ADC_KUBE_APISERVER_BINARY, else kube-apiserver in BinDir.
+	APIServerBinary string
 	// EtcdFlags and APIServerFlags are appended to the flags Start passes,
 	// so a single-valued flag given here wins, while a list flag adds to
 	// Start's: --disable-admission-plugins=StorageObjectInUseProtection
@@ -58,6 +65,8 @@ type Cluster struct {
 	Dir string
 	// EtcdURL is the etcd client URL.
 	EtcdURL string
+	// ServerVersion is the release kube-apiserver reports (/version).
+	ServerVersion string
 
 	logger    klog.Logger
 	etcd      *Process
@@ -84,7 +93,7 @@ func Start(opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	apiserverBin, err := findBinary(binDir, "kube-apiserver")
+	apiserverBin, err := opts.apiserverBinary(binDir)
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +143,12 @@ func (c *Cluster) start(ctx context.Context, timeout time.Duration, etcdBin, api
 	if err := writeKubeconfig(c.Kubeconfig, c.Config.Host, c.Config.BearerToken); err != nil {
 		return err
 	}
-	klog.FromContext(ctx).Info("Cluster started", "host", c.Config.Host, "dir", c.Dir, "duration", time.Since(started).Round(time.Millisecond))
+	info, err := c.Client.Discovery().ServerVersion()
+	if err != nil {
+		return fmt.Errorf("read kube-apiserver version: %w", err)
+	}
+	c.ServerVersion = info.GitVersion
+	klog.FromContext(ctx).Info("Cluster started", "host", c.Config.Host, "version", c.ServerVersion, "dir", c.Dir, "duration", time.Since(started).Round(time.Millisecond))
 	return nil
 }
 
@@ -240,6 +254,16 @@ func (o Options) binDir() (string, error) {
 		return "", fmt.Errorf("%w; set %s", err, BinDirEnv)
 	}
 	return filepath.Join(root, "_output", "bin"), nil
+}
+
+func (o Options) apiserverBinary(binDir string) (string, error) {
+	if o.APIServerBinary != "" {
+		return findBinary(filepath.Dir(o.APIServerBinary), filepath.Base(o.APIServerBinary))
+	}
+	if bin, err := PrebuiltBinary(APIServerBinaryEnv); bin != "" || err != nil {
+		return bin, err
+	}
+	return findBinary(binDir, "kube-apiserver")
 }
 
 // ModuleRoot walks up from the working directory, which go test sets to the

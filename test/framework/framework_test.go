@@ -3,6 +3,7 @@ package framework
 import (
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -132,6 +133,38 @@ func TestStartFailsWithLogTail(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("cluster directory %s still exists after a failed Start (stat: %v)", dir, err)
+	}
+}
+
+func TestAPIServerBinary(t *testing.T) {
+	binDir := t.TempDir()
+	other := t.TempDir()
+	for _, path := range []string{filepath.Join(binDir, "kube-apiserver"), filepath.Join(other, "kube-apiserver-v1.34.4"), filepath.Join(other, "named")} {
+		if err := os.WriteFile(path, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name, env, opt, want string
+	}{
+		{name: "default", want: filepath.Join(binDir, "kube-apiserver")},
+		{name: "environment", env: filepath.Join(other, "kube-apiserver-v1.34.4"), want: filepath.Join(other, "kube-apiserver-v1.34.4")},
+		{name: "option wins", env: filepath.Join(other, "kube-apiserver-v1.34.4"), opt: filepath.Join(other, "named"), want: filepath.Join(other, "named")},
+		{name: "missing", env: filepath.Join(other, "none")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(APIServerBinaryEnv, tc.env)
+			got, err := Options{APIServerBinary: tc.opt}.apiserverBinary(binDir)
+			if tc.want == "" {
+				if err == nil {
+					t.Fatalf("got %s, want an error", got)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Errorf("got %q, %v; want %q", got, err, tc.want)
+			}
+		})
 	}
 }
 
