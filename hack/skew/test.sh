@@ -13,9 +13,9 @@
 #
 # Only the server changes. etcd, kube-controller-manager, the CSI
 # external-attacher and the mock driver stay those of _output/bin
-# (hack/build-tools.sh), at the controller's release: in a cluster they are
-# upgraded on their own schedule, and the tests compare against one
-# kube-controller-manager whatever the server.
+# (hack/build-tools.sh), at the controller's release: a CSI driver's sidecars
+# are upgraded on their own schedule, and the shadow, guard and cut-over
+# tests compare against one kube-controller-manager whatever the server.
 #
 # The servers are built first, one after the other (hack/skew/build.sh); the
 # tests of one release run while no build competes for the CPU. Each

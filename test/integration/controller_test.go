@@ -25,7 +25,7 @@ type controllerProc struct {
 func (e *env) startController(configure func(*app.Options)) *controllerProc {
 	e.t.Helper()
 	o := app.NewOptions()
-	o.Kubeconfig = cluster.Kubeconfig
+	o.Kubeconfig = e.kubeconfig
 	o.LeaderElection.LeaderElect = false
 	o.QPS, o.Burst = 100, 200
 	// Tests stop the controller with attaches failing on purpose: a short

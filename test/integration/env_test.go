@@ -37,8 +37,10 @@ type env struct {
 	t      *testing.T
 	ctx    context.Context
 	client kubernetes.Interface
-	ns     string
-	prefix string
+	// kubeconfig is the cluster's, for the controller under test.
+	kubeconfig string
+	ns         string
+	prefix     string
 
 	mu      sync.Mutex
 	created []func(context.Context) error // cluster-scoped deletions, for cleanup
@@ -50,15 +52,22 @@ type env struct {
 // it.
 func newEnv(t *testing.T, base string) *env {
 	t.Helper()
+	return newEnvOn(t, base, cluster)
+}
+
+// newEnvOn is newEnv on a cluster of the test's own.
+func newEnvOn(t *testing.T, base string, c *framework.Cluster) *env {
+	t.Helper()
 	suffix := make([]byte, 2)
 	if _, err := rand.Read(suffix); err != nil {
 		t.Fatal(err)
 	}
 	e := &env{
-		t:      t,
-		ctx:    t.Context(),
-		client: cluster.Client,
-		prefix: base + "-" + hex.EncodeToString(suffix),
+		t:          t,
+		ctx:        t.Context(),
+		client:     c.Client,
+		kubeconfig: c.Kubeconfig,
+		prefix:     base + "-" + hex.EncodeToString(suffix),
 	}
 	e.ns = e.prefix
 	if _, err := framework.CreateNamespace(e.ctx, e.client, e.ns); err != nil {
