@@ -13,6 +13,13 @@ import (
 	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
+// usedInARace are the permissions the controller needs only when two
+// events come in one order: the flow below may not use them, and is not
+// failed for it.
+var usedInARace = map[permission]string{
+	{"storage.k8s.io", "volumeattachments", "get"}: "a VolumeAttachment the controller created, seen gone before its own event was read, is asked for before its record is dropped",
+}
+
 // TestLeastPrivilege runs the binary with the rendered Deployment's
 // arguments and a token of the rendered ServiceAccount, bound to the rendered
 // ClusterRole and Role, through an attach and a detach. The API server's
@@ -93,6 +100,10 @@ func TestLeastPrivilege(t *testing.T) {
 	for _, p := range append(grants(r.clusterRole.Rules), grants(r.role.Rules)...) {
 		granted[p] = true
 		if used[p] == 0 {
+			if why, ok := usedInARace[p]; ok {
+				t.Logf("not used this time: %s (%s)", p, why)
+				continue
+			}
 			t.Errorf("granted but never used: %s", p)
 			continue
 		}
