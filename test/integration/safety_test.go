@@ -157,13 +157,31 @@ func TestSafetyOrphanAttachmentDetached(t *testing.T) {
 	e.waitDetached(driver, "vol-at-start", node)
 
 	// Mounted when it appears, so that it is surely attached before the
-	// controller may detach it; then unmounted.
+	// controller may detach it; then unmounted. The node's volumesInUse and
+	// the VolumeAttachment come through two watches: a controller that reads
+	// the orphan first knows of no mount and rightly detaches it. That try
+	// is made again, once the mount is surely read; a controller that never
+	// heeds the mount detaches every try and the wait fails.
 	laterName := framework.CSIVolumeName(driver, "vol-later")
+	laterVA := framework.VolumeAttachmentName("vol-later", driver, node)
 	e.setVolumesInUse(node, laterName)
-	if e.createAttachedVA(driver, "vol-later", later.Name, node) == nil {
-		t.Fatal("the mounted orphan was deleted")
-	}
-	e.waitListed(node, laterName)
+	created, tries := false, 0
+	framework.Eventually(t, waitTimeout, func() (bool, error) {
+		if !created {
+			tries++
+			created = e.createAttachedVA(driver, "vol-later", later.Name, node) != nil
+			return false, nil
+		}
+		if _, listed, err := e.attachedInStatus(node, laterName); listed || err != nil {
+			return listed, err
+		}
+		_, exists, err := e.getVA(laterVA)
+		if err == nil && !exists {
+			t.Logf("the orphan was detached before the controller read the mount (try %d); creating it again", tries)
+			created = false
+		}
+		return false, err
+	}, "the mounted orphan kept and listed in node status")
 	e.setVolumesInUse(node)
 	e.waitDetached(driver, "vol-later", node)
 	if err := kept.intact(); err != nil {
