@@ -440,40 +440,15 @@ type attachmentWatch struct {
 	mu   sync.Mutex
 	live map[string]string // name -> node
 	bad  []string
-	stop func()
-	done chan struct{}
 }
 
 func (e *env) watchAttachmentsOf(pv string) *attachmentWatch {
 	e.t.Helper()
-	list, err := e.client.StorageV1().VolumeAttachments().List(e.ctx, metav1.ListOptions{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	w, err := e.client.StorageV1().VolumeAttachments().Watch(e.ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	aw := &attachmentWatch{pv: pv, live: map[string]string{}, stop: w.Stop, done: make(chan struct{})}
-	for i := range list.Items {
-		aw.observe(watch.Added, &list.Items[i])
-	}
-	go func() {
-		defer close(aw.done)
-		for ev := range w.ResultChan() {
-			va, ok := ev.Object.(*storagev1.VolumeAttachment)
-			if !ok {
-				aw.mu.Lock()
-				aw.bad = append(aw.bad, fmt.Sprintf("watch ended: %v", ev.Object))
-				aw.mu.Unlock()
-				continue
-			}
-			aw.observe(ev.Type, va)
-		}
-	}()
-	e.t.Cleanup(func() {
-		aw.stop()
-		<-aw.done
+	aw := &attachmentWatch{pv: pv, live: map[string]string{}}
+	e.watchAttachments(aw.observe, func(msg string) {
+		aw.mu.Lock()
+		aw.bad = append(aw.bad, msg)
+		aw.mu.Unlock()
 	})
 	return aw
 }
