@@ -149,7 +149,7 @@ func (c *Controller) explainNotWanted(ctx context.Context, podKey string, wants 
 		spec, err := c.podVolume(ctx, pod, vol)
 		switch {
 		case errors.Is(err, volume.ErrNotAttachable):
-			if claimName(pod, vol) == "" {
+			if volume.ClaimName(pod, vol) == "" {
 				continue // an emptyDir, a secret...: nothing to say
 			}
 			e.Reason = "nothing to attach: its plugin has no attacher, or its CSIDriver says attachRequired: false"

@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	toolscache "k8s.io/client-go/tools/cache"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
 // indexByNode indexes pods by their node. (Claims and PVs are indexed by a
@@ -213,7 +215,7 @@ func podClaims(obj any) []string {
 	}
 	var claims []string
 	for _, vol := range p.Spec.Volumes {
-		if name := claimName(p, &vol); name != "" {
+		if name := volume.ClaimName(p, &vol); name != "" {
 			claims = append(claims, p.Namespace+"/"+name)
 		}
 	}
@@ -290,17 +292,6 @@ func afterInitialList(h toolscache.ResourceEventHandler) toolscache.ResourceEven
 		UpdateFunc: h.OnUpdate,
 		DeleteFunc: h.OnDelete,
 	}
-}
-
-// claimName is the PVC a pod volume uses, or "".
-func claimName(p *v1.Pod, vol *v1.Volume) string {
-	switch {
-	case vol.PersistentVolumeClaim != nil:
-		return vol.PersistentVolumeClaim.ClaimName
-	case vol.Ephemeral != nil:
-		return p.Name + "-" + vol.Name
-	}
-	return ""
 }
 
 func (c *Controller) addHandlers() error {

@@ -49,8 +49,8 @@ func TestTrimPod(t *testing.T) {
 	if got.Spec.Volumes[1].Ephemeral == nil || got.Spec.Volumes[1].Ephemeral.VolumeClaimTemplate != nil {
 		t.Errorf("ephemeral volume: want the marker without its template, got %+v", got.Spec.Volumes[1])
 	}
-	if claimName(got, &got.Spec.Volumes[1]) != "p-eph" {
-		t.Errorf("ephemeral claim name %q, want p-eph", claimName(got, &got.Spec.Volumes[1]))
+	if volume.ClaimName(got, &got.Spec.Volumes[1]) != "p-eph" {
+		t.Errorf("ephemeral claim name %q, want p-eph", volume.ClaimName(got, &got.Spec.Volumes[1]))
 	}
 }
 

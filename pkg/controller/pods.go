@@ -198,7 +198,7 @@ func (c *Controller) podVolumes(ctx context.Context, pod *v1.Pod) []cache.PodVol
 // pod had before a restart made the controller forget it: the PV still bound
 // to a claim of that name, when it is attached to the pod's node.
 func (c *Controller) formerVolume(ctx context.Context, pod *v1.Pod, vol *v1.Volume) *volume.Spec {
-	claim := claimName(pod, vol)
+	claim := volume.ClaimName(pod, vol)
 	if claim == "" {
 		return nil
 	}
@@ -254,7 +254,7 @@ var errWaiting = errors.New("waiting")
 
 func (c *Controller) podVolume(ctx context.Context, pod *v1.Pod, vol *v1.Volume) (*volume.Spec, error) {
 	src := volume.Source{Inline: vol, PodNamespace: pod.Namespace}
-	if claim := claimName(pod, vol); claim != "" {
+	if claim := volume.ClaimName(pod, vol); claim != "" {
 		pv, err := c.claimedPV(pod, vol, claim)
 		if err != nil {
 			return nil, err

@@ -110,24 +110,12 @@ type podVolumeFacts struct {
 	skip     bool   // nothing to attach (emptyDir, secret, ...)
 }
 
-// claimName is the claim a pod volume uses; a generic ephemeral volume's is
-// <pod>-<volume>.
-func claimName(p *v1.Pod, vol *v1.Volume) string {
-	switch {
-	case vol.PersistentVolumeClaim != nil:
-		return vol.PersistentVolumeClaim.ClaimName
-	case vol.Ephemeral != nil:
-		return p.Name + "-" + vol.Name
-	}
-	return ""
-}
-
 // podVolumes follows every volume of pod as far as the objects go.
 func (w *world) podVolumes(ctx context.Context, pod *v1.Pod) []podVolumeFacts {
 	var out []podVolumeFacts
 	for i := range pod.Spec.Volumes {
 		vol := &pod.Spec.Volumes[i]
-		f := podVolumeFacts{name: vol.Name, claim: claimName(pod, vol)}
+		f := podVolumeFacts{name: vol.Name, claim: volume.ClaimName(pod, vol)}
 		src := volume.Source{PodNamespace: pod.Namespace}
 		if f.claim == "" {
 			src.Inline = vol

@@ -107,7 +107,7 @@ func (o *Options) subject(ctx context.Context, c *clients, w *world, t target) (
 			for i := range pods.Items {
 				p := &pods.Items[i]
 				for j := range p.Spec.Volumes {
-					if claimName(p, &p.Spec.Volumes[j]) == ref.Name {
+					if volume.ClaimName(p, &p.Spec.Volumes[j]) == ref.Name {
 						s.pods = append(s.pods, p)
 						break
 					}
@@ -173,7 +173,7 @@ func (s *subject) about(p *v1.Pod, e explanation) bool {
 	}
 	for i := range p.Spec.Volumes {
 		if p.Spec.Volumes[i].Name == e.PodVolume {
-			return s.claim == p.Namespace+"/"+claimName(p, &p.Spec.Volumes[i])
+			return s.claim == p.Namespace+"/"+volume.ClaimName(p, &p.Spec.Volumes[i])
 		}
 	}
 	return false
