@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kube-attach/attach-detach-controller/pkg/controller"
 	"github.com/kube-attach/attach-detach-controller/pkg/shadow"
 	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
@@ -147,20 +148,9 @@ func (c *Controller) Metrics(ctx context.Context) (framework.Metrics, error) {
 	return framework.ParseMetrics(string(body))
 }
 
-// Explanation is one volume of an /explain answer: what the controller
-// will do with the volume on the node, and why.
-type Explanation struct {
-	Volume    string   `json:"volume"`
-	PodVolume string   `json:"podVolume,omitempty"`
-	Node      string   `json:"node"`
-	Action    string   `json:"action"`
-	Reason    string   `json:"reason"`
-	Desired   bool     `json:"desired"`
-	Pods      []string `json:"pods,omitempty"`
-	State     string   `json:"state,omitempty"`
-	Reported  bool     `json:"reportedInNodeStatus"`
-	Error     string   `json:"lastError,omitempty"`
-}
+// Explanation is one volume of an /explain answer, as the controller
+// serves it.
+type Explanation = controller.Explanation
 
 // Explain asks /explain about every volume of the pod namespace/name. raw is
 // the JSON as served.
