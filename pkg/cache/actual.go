@@ -359,10 +359,10 @@ func (a *ActualState) gcNodeLocked(name string) {
 // knows a newer version of it. It returns the keys of the node's attachments
 // whose decision may change: all of them when readiness, management or the
 // out-of-service taint changed, else those whose in-use flag changed. And
-// it reports whether the node turned managed (known to exist unmanaged
-// before): then what its pods want there with no attachment yet, decided
-// "not managed" while it was, must be decided again too, which this record
-// of attachments cannot list.
+// it reports whether the node turned managed (unmanaged, or not known to
+// exist, before): then what its pods want there with no attachment yet,
+// decided "not managed" or "no such node" until then, must be decided again
+// too, which this record of attachments cannot list.
 func (a *ActualState) SetNode(name string, info NodeInfo) (keys []Key, turnedManaged bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -388,7 +388,7 @@ func (a *ActualState) SetNode(name string, info NodeInfo) (keys []Key, turnedMan
 			keys = append(keys, Key{Volume: v, Node: name})
 		}
 	}
-	return keys, old.Exists && !old.Managed && info.Managed
+	return keys, !(old.Exists && old.Managed) && info.Managed
 }
 
 // Stale reports whether resourceVersion is older than the version of the

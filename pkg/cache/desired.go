@@ -1,16 +1,17 @@
 package cache
 
 import (
-	"maps"
 	"slices"
 	"sync"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
-// DesiredState records, for every scheduled pod on a managed node, the
-// volumes it needs attached. A volume is desired on a node while at least one
-// pod there wants it.
+// DesiredState records, for every scheduled pod that has not terminated, the
+// volumes it needs attached to its node, whatever the node: managed or not,
+// known to exist or not. Whether a node's wants count is the node's facts'
+// answer (reconciler.Decide), not the desired state's. A volume is desired
+// on a node while at least one pod there wants it.
 type DesiredState struct {
 	mu sync.RWMutex
 	// pods maps a pod key to what that pod wants.
@@ -23,19 +24,20 @@ type DesiredState struct {
 	// wanted" for a volume attached under an alias, and finds the keys a
 	// change of that name concerns.
 	names map[volume.Name]nameUses
-	// byPlugin and pending count entries as they change, so that a metrics
-	// scrape reads two numbers instead of every entry.
-	byPlugin map[string]int
-	pending  int
+	// counts counts entries per node as they change, so that a metrics
+	// scrape reads a few numbers a node instead of every entry (Stats).
+	counts map[string]*entryCounts
 	// partial: not every pod has been read since the controller started
 	// (SetPartial), so a volume no pod wants here may yet be wanted by a
 	// pod not read so far.
 	partial bool
-	// unread: per node, the pods on it read last while it was unmanaged
-	// or missing (MarkUnread): they want nothing there yet, maybe wrongly.
-	// unreadOn is the node of each of those pods.
-	unread   map[string]map[string]struct{}
-	unreadOn map[string]string
+}
+
+// entryCounts counts one node's entries by metric plugin name, and those
+// whose mechanism is undecided.
+type entryCounts struct {
+	byPlugin map[string]int
+	pending  int
 }
 
 type podWants struct {
@@ -154,12 +156,10 @@ func (u *nameUses) keys() []Key {
 // NewDesiredState returns an empty DesiredState.
 func NewDesiredState() *DesiredState {
 	return &DesiredState{
-		pods:     map[string]*podWants{},
-		entries:  map[Key]*desiredEntry{},
-		names:    map[volume.Name]nameUses{},
-		byPlugin: map[string]int{},
-		unread:   map[string]map[string]struct{}{},
-		unreadOn: map[string]string{},
+		pods:    map[string]*podWants{},
+		entries: map[Key]*desiredEntry{},
+		names:   map[volume.Name]nameUses{},
+		counts:  map[string]*entryCounts{},
 	}
 }
 
@@ -178,80 +178,18 @@ func (d *DesiredState) Partial() bool {
 	return d.partial
 }
 
-// MarkUnread records that the pod was read while its node was unmanaged,
-// or missing from the node lister while known to exist: what it wants there
-// is not known, so no attachment on the node may be taken as unwanted
-// (PartialOn) until it is read with the node managed (Read). It returns the
-// node whose last unread pod it was, if the pod was marked on another node
-// before (a pod of the same name), or "".
-func (d *DesiredState) MarkUnread(podKey, node string) (emptied string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	emptied = d.readLocked(podKey)
-	if d.unread[node] == nil {
-		d.unread[node] = map[string]struct{}{}
-	}
-	d.unread[node][podKey] = struct{}{}
-	d.unreadOn[podKey] = node
-	if emptied == node {
-		emptied = ""
-	}
-	return emptied
-}
-
-// Read records that the pod was read with its node managed (or that it
-// needs nothing anywhere, or is gone); it returns the node whose last
-// unread pod it was, or "".
-func (d *DesiredState) Read(podKey string) (emptied string) {
-	d.mu.RLock()
-	_, ok := d.unreadOn[podKey]
-	d.mu.RUnlock()
-	if !ok {
-		// Almost always: no pod was read on an unmanaged node lately.
-		return ""
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.readLocked(podKey)
-}
-
-func (d *DesiredState) readLocked(podKey string) (emptied string) {
-	node, ok := d.unreadOn[podKey]
-	if !ok {
-		return ""
-	}
-	delete(d.unreadOn, podKey)
-	delete(d.unread[node], podKey)
-	if len(d.unread[node]) > 0 {
-		return ""
-	}
-	delete(d.unread, node)
-	return node
-}
-
-// ClearUnread forgets the unread pods of a node that is gone; it reports
-// whether it had any.
-func (d *DesiredState) ClearUnread(node string) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	pods, ok := d.unread[node]
-	for p := range pods {
-		delete(d.unreadOn, p)
-	}
-	delete(d.unread, node)
-	return ok
-}
-
-// PartialOn reports whether pods that may want a volume on node remain to
-// be read: since the controller started (SetPartial), or read last while
-// the node was unmanaged or missing (MarkUnread).
-func (d *DesiredState) PartialOn(node string) bool {
+// Read reports whether the pod with this key and UID was read on node
+// (SetPodVolumes) since it last went (DeletePod): what it wants there, if
+// anything, is known.
+func (d *DesiredState) Read(podKey, uid, node string) bool {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	return d.partial || len(d.unread[node]) > 0
+	p := d.pods[podKey]
+	return p != nil && p.ref.UID == uid && p.node == node
 }
 
-// SetPod replaces what pod wants on node with specs (nil or empty: nothing).
+// SetPod replaces what pod wants on node with specs (nil or empty: nothing,
+// the pod read all the same: Read).
 // It returns the keys whose desired state changed: each added or removed
 // volume's key, and the keys of its aliases on the node (whether an
 // attachment under an alias is wanted changed with it), once each.
@@ -281,9 +219,14 @@ func (d *DesiredState) SetPodVolumes(pod PodRef, node string, vols []PodVolume) 
 	for _, v := range vols {
 		specs = append(specs, v.Spec)
 	}
-	specs = dedupe(specs)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	return d.setPodLocked(pod, node, vols, dedupe(specs), true)
+}
+
+// setPodLocked is SetPodVolumes with specs deduplicated; without read, the
+// pod goes (DeletePod).
+func (d *DesiredState) setPodLocked(pod PodRef, node string, vols []PodVolume, specs []*volume.Spec, read bool) []Key {
 	podKey := pod.String()
 	old := d.pods[podKey]
 	var touched []Key
@@ -309,7 +252,7 @@ func (d *DesiredState) SetPodVolumes(pod PodRef, node string, vols []PodVolume) 
 			// and the pod's current UID (a pod re-created under the same
 			// name is another pod: events go to it).
 			e := d.entries[Key{Volume: s.Name, Node: node}]
-			d.setSpecLocked(e, s)
+			d.setSpecLocked(node, e, s)
 			if i := podIndex(e.pods, pod); i >= 0 {
 				e.pods[i] = pod
 			}
@@ -318,7 +261,7 @@ func (d *DesiredState) SetPodVolumes(pod PodRef, node string, vols []PodVolume) 
 		d.addLocked(pod, node, s)
 		touch(s, node)
 	}
-	if len(specs) == 0 {
+	if !read {
 		delete(d.pods, podKey)
 	} else {
 		d.pods[podKey] = &podWants{ref: pod, node: node, specs: specs, vols: slices.Clone(vols)}
@@ -326,15 +269,16 @@ func (d *DesiredState) SetPodVolumes(pod PodRef, node string, vols []PodVolume) 
 	return touched
 }
 
-// DeletePod forgets pod; it returns the keys whose desired state changed.
+// DeletePod forgets the pod (gone, terminated or not scheduled); it returns
+// the keys whose desired state changed.
 func (d *DesiredState) DeletePod(podKey string) []Key {
-	d.mu.RLock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	p, ok := d.pods[podKey]
-	d.mu.RUnlock()
 	if !ok {
 		return nil
 	}
-	return d.SetPod(p.ref, p.node, nil)
+	return d.setPodLocked(p.ref, p.node, nil, nil, false)
 }
 
 func (d *DesiredState) addLocked(pod PodRef, node string, s *volume.Spec) {
@@ -343,9 +287,9 @@ func (d *DesiredState) addLocked(pod PodRef, node string, s *volume.Spec) {
 	if e == nil {
 		e = &desiredEntry{}
 		d.entries[k] = e
-		d.byPlugin[volume.MetricPluginName(k.Volume)]++
+		d.countLocked(node, func(c *entryCounts) { c.byPlugin[volume.MetricPluginName(k.Volume)]++ })
 	}
-	d.setSpecLocked(e, s)
+	d.setSpecLocked(node, e, s)
 	if i := podIndex(e.pods, pod); i >= 0 {
 		e.pods[i] = pod
 	} else {
@@ -366,11 +310,13 @@ func (d *DesiredState) removeLocked(pod PodRef, node string, s *volume.Spec) {
 		}
 		if len(e.pods) == 0 {
 			delete(d.entries, k)
-			d.setSpecLocked(e, nil)
+			d.setSpecLocked(node, e, nil)
 			plugin := volume.MetricPluginName(k.Volume)
-			if d.byPlugin[plugin]--; d.byPlugin[plugin] <= 0 {
-				delete(d.byPlugin, plugin)
-			}
+			d.countLocked(node, func(c *entryCounts) {
+				if c.byPlugin[plugin]--; c.byPlugin[plugin] <= 0 {
+					delete(c.byPlugin, plugin)
+				}
+			})
 		}
 	}
 	for _, n := range s.AllNames() {
@@ -458,22 +404,51 @@ func (d *DesiredState) Keys() []Key {
 	return keys
 }
 
-// Stats counts desired volumes by metric plugin name, and those whose
-// mechanism is still undecided (waiting for node information).
-func (d *DesiredState) Stats() (byPlugin map[string]int, pending int) {
+// Stats counts the desired volumes on the nodes counted says count, by
+// metric plugin name, and those whose mechanism is still undecided (waiting
+// for node information).
+func (d *DesiredState) Stats(counted func(node string) bool) (byPlugin map[string]int, pending int) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	return maps.Clone(d.byPlugin), d.pending
+	byPlugin = map[string]int{}
+	for node, c := range d.counts {
+		if !counted(node) {
+			continue
+		}
+		for p, n := range c.byPlugin {
+			byPlugin[p] += n
+		}
+		pending += c.pending
+	}
+	return byPlugin, pending
 }
 
-// setSpecLocked sets the spec of an entry (nil: the entry is going),
-// keeping the count of undecided ones.
-func (d *DesiredState) setSpecLocked(e *desiredEntry, s *volume.Spec) {
-	if e.spec != nil && e.spec.Pending != "" {
-		d.pending--
+// countLocked changes node's counts with change, and forgets them once they
+// are all zero.
+func (d *DesiredState) countLocked(node string, change func(*entryCounts)) {
+	c := d.counts[node]
+	if c == nil {
+		c = &entryCounts{byPlugin: map[string]int{}}
+		d.counts[node] = c
 	}
-	if s != nil && s.Pending != "" {
-		d.pending++
+	change(c)
+	if c.pending == 0 && len(c.byPlugin) == 0 {
+		delete(d.counts, node)
+	}
+}
+
+// setSpecLocked sets the spec of an entry on node (nil: the entry is
+// going), keeping the count of undecided ones.
+func (d *DesiredState) setSpecLocked(node string, e *desiredEntry, s *volume.Spec) {
+	was, is := e.spec != nil && e.spec.Pending != "", s != nil && s.Pending != ""
+	if was != is {
+		d.countLocked(node, func(c *entryCounts) {
+			if is {
+				c.pending++
+			} else {
+				c.pending--
+			}
+		})
 	}
 	e.spec = s
 }

@@ -222,8 +222,14 @@ func TestDesiredStateSetPod(t *testing.T) {
 			if !reflect.DeepEqual(gotPods, tt.wantPods) {
 				t.Errorf("desired pods = %v, want %v", gotPods, tt.wantPods)
 			}
-			if len(tt.wantPods) == 0 && (len(d.names) != 0 || len(d.entries) != 0 || len(d.pods) != 0) {
-				t.Errorf("index not emptied: names=%v entries=%d pods=%d", d.names, len(d.entries), len(d.pods))
+			if len(tt.wantPods) == 0 && (len(d.names) != 0 || len(d.entries) != 0 || len(d.counts) != 0) {
+				t.Errorf("index not emptied: names=%v entries=%d counts=%v", d.names, len(d.entries), d.counts)
+			}
+			for key, p := range d.pods {
+				// A pod read that wants nothing stays, read (Read).
+				if len(p.specs) == 0 && len(p.vols) != 0 {
+					t.Errorf("pod %s wants nothing but keeps volumes %v", key, p.vols)
+				}
 			}
 		})
 	}
@@ -381,9 +387,20 @@ func TestDesiredStateStats(t *testing.T) {
 			for name, specs := range tt.pods {
 				d.SetPod(PodRef{Namespace: "ns", Name: name}, "n1", specs)
 			}
-			byPlugin, pending := d.Stats()
+			// The same pods on n2, which does not count.
+			for name, specs := range tt.pods {
+				d.SetPod(PodRef{Namespace: "other", Name: name}, "n2", specs)
+			}
+			byPlugin, pending := d.Stats(func(node string) bool { return node == "n1" })
 			if !reflect.DeepEqual(byPlugin, tt.wantPlugin) || pending != tt.wantPending {
 				t.Errorf("Stats() = %v, %d; want %v, %d", byPlugin, pending, tt.wantPlugin, tt.wantPending)
+			}
+			for name := range tt.pods {
+				d.DeletePod("other/" + name)
+				d.DeletePod("ns/" + name)
+			}
+			if byPlugin, pending := d.Stats(func(string) bool { return true }); len(byPlugin) != 0 || pending != 0 || len(d.counts) != 0 {
+				t.Errorf("every pod gone: Stats() = %v, %d, counts of %d nodes", byPlugin, pending, len(d.counts))
 			}
 		})
 	}
@@ -393,40 +410,27 @@ func TestDesiredStateStats(t *testing.T) {
 // until the last is read again, whatever the order; a pod of the same name
 // marked on another node counts there only (the first node's set ends with
 // it); a node gone forgets its own.
-func TestUnreadPodsOfANode(t *testing.T) {
+// A pod is read on its node from its first SetPod, wanting something or
+// not, until DeletePod; a pod of the same name with another UID, or the
+// same pod asked for on another node, is not.
+func TestReadPods(t *testing.T) {
 	d := NewDesiredState()
-	for _, m := range [][2]string{{"ns/a", "n1"}, {"ns/b", "n1"}, {"ns/c", "n2"}} {
-		if emptied := d.MarkUnread(m[0], m[1]); emptied != "" {
-			t.Errorf("MarkUnread(%s, %s) = %q, want \"\"", m[0], m[1], emptied)
-		}
+	a := PodRef{Namespace: "ns", Name: "a", UID: "u1"}
+	if d.Read("ns/a", "u1", "n1") {
+		t.Error("read before any SetPod")
 	}
-	if !d.PartialOn("n1") || !d.PartialOn("n2") || d.PartialOn("n3") {
-		t.Fatal("PartialOn does not follow the marks")
+	d.SetPod(a, "n1", nil)
+	if !d.Read("ns/a", "u1", "n1") {
+		t.Error("a pod that wants nothing is not read")
 	}
-	if node := d.Read("ns/b"); node != "" || !d.PartialOn("n1") {
-		t.Errorf("after one of two pods read: Read = %q, partial %v; want \"\", true", node, d.PartialOn("n1"))
+	if d.Read("ns/a", "u2", "n1") || d.Read("ns/a", "u1", "n2") {
+		t.Error("read under another UID or on another node")
 	}
-	if node := d.Read("ns/x"); node != "" {
-		t.Errorf("a pod never marked: Read = %q", node)
+	d.SetPod(a, "n1", []*volume.Spec{csiSpec("x")})
+	if keys := d.DeletePod("ns/a"); len(keys) != 1 || d.Read("ns/a", "u1", "n1") {
+		t.Errorf("after DeletePod: touched %v, read %v", keys, d.Read("ns/a", "u1", "n1"))
 	}
-	if node := d.MarkUnread("ns/a", "n1"); node != "" || !d.PartialOn("n1") {
-		t.Errorf("marked again on its node: MarkUnread = %q, partial %v; want \"\", true", node, d.PartialOn("n1"))
-	}
-	if node := d.Read("ns/a"); node != "n1" || d.PartialOn("n1") {
-		t.Errorf("after the last pod read: Read = %q, partial %v; want n1, false", node, d.PartialOn("n1"))
-	}
-	if node := d.Read("ns/a"); node != "" {
-		t.Errorf("read twice: Read = %q", node)
-	}
-	if node := d.MarkUnread("ns/c", "n3"); node != "n2" || d.PartialOn("n2") || !d.PartialOn("n3") {
-		t.Errorf("a pod of the same name on another node: MarkUnread = %q, partial n2 %v, n3 %v; want n2, false, true",
-			node, d.PartialOn("n2"), d.PartialOn("n3"))
-	}
-	if !d.ClearUnread("n3") || d.PartialOn("n3") || d.Read("ns/c") != "" || d.ClearUnread("n3") {
-		t.Error("a node gone still counts its pods")
-	}
-	d.SetPartial(true)
-	if !d.PartialOn("n3") {
-		t.Error("PartialOn ignores the restart's partial state")
+	if keys := d.DeletePod("ns/a"); len(keys) != 0 {
+		t.Errorf("deleted twice: touched %v", keys)
 	}
 }

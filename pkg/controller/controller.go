@@ -223,9 +223,6 @@ type Controller struct {
 	// goneNodes holds the last state of deleted Node objects until their
 	// sync: what they had mounted then, which the lister no longer knows.
 	goneNodes map[string]*v1.Node
-	// nodeManaged is whether each node was managed when its sync last read
-	// it; no entry for a node not read yet or gone.
-	nodeManaged map[string]bool
 	// zoneDisrupted holds the zones last seen disrupted (zones.go).
 	zoneDisrupted map[string]bool
 	// observing counts the items being processed of the queues that carry
@@ -235,8 +232,9 @@ type Controller struct {
 	observing atomic.Int64
 	// rebuilding: the actual state is being rebuilt (BeginRecovery). Every
 	// pod is read afterwards and every key then gets its look
-	// (Recovery.Finish), so a node's sync needn't queue its pods, nor touch
-	// the volume keys. Only set and cleared before the workers start.
+	// (Recovery.Finish), so a node's facts needn't wait for its pods
+	// (setNode), nor touch the volume keys. Only set and cleared before the
+	// workers start.
 	rebuilding bool
 }
 
@@ -252,15 +250,14 @@ func New(cfg Config) (*Controller, error) {
 		cfg.Reconciler.Clock = cfg.Clock
 	}
 	c := &Controller{
-		cfg:         cfg,
-		client:      cfg.Client,
-		informers:   cfg.Informers,
-		clock:       cfg.Clock,
-		desired:     cache.NewDesiredState(),
-		actual:      cache.NewActualState(),
-		problems:    map[string]map[string]string{},
-		goneNodes:   map[string]*v1.Node{},
-		nodeManaged: map[string]bool{},
+		cfg:       cfg,
+		client:    cfg.Client,
+		informers: cfg.Informers,
+		clock:     cfg.Clock,
+		desired:   cache.NewDesiredState(),
+		actual:    cache.NewActualState(),
+		problems:  map[string]map[string]string{},
+		goneNodes: map[string]*v1.Node{},
 
 		zoneDisrupted: map[string]bool{},
 
@@ -325,8 +322,13 @@ func New(cfg Config) (*Controller, error) {
 	}
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(metrics.NewStateCollector(metrics.State{
-			Desired: c.desired.Stats,
-			Actual:  c.actual.Stats,
+			Desired: func() (map[string]int, int) {
+				return c.desired.Stats(func(node string) bool {
+					n, ok := c.actual.Node(node)
+					return ok && n.Exists && n.Managed
+				})
+			},
+			Actual: c.actual.Stats,
 			Attachments: func() (map[string]int, time.Time) {
 				byState, oldest := c.actual.StateStats()
 				out := make(map[string]int, len(byState))
@@ -364,7 +366,7 @@ func (c *Controller) newQueues() error {
 		}
 		cfg.NewKeyQueue = func(name string) workqueue.TypedRateLimitingInterface[cache.Key] {
 			// Attaches first (priority.go): a key some pod wants.
-			return prioritized(name, queueMetrics, cfg.RateLimiter(), c.desired.Wanted)
+			return prioritized(name, queueMetrics, cfg.RateLimiter(), func(k cache.Key) bool { return c.reconciler.Wanted(k) })
 		}
 		newQueue := cfg.NewQueue
 		cfg.NewQueue = func(name string) workqueue.TypedRateLimitingInterface[string] {

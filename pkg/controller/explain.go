@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 
+	v1 "k8s.io/api/core/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
@@ -50,6 +51,13 @@ type Mechanism struct {
 func (c *Controller) Explain(k cache.Key) Explanation {
 	d := c.reconciler.Decide(k, c.clock.Now())
 	e := explanation(d)
+	if f, _ := c.actual.Node(k.Node); f.Exists && !f.Managed {
+		if n, err := c.nodes.Get(k.Node); err == nil && managed(n) {
+			if unread := c.unreadPods(k.Node); unread > 0 {
+				e.Reason += fmt.Sprintf(" yet: the node turned managed, and %d of its pods are not read yet", unread)
+			}
+		}
+	}
 	e.Mechanism = c.mechanism(d)
 	e.Shadow = c.explainShadow(d)
 	return e
@@ -99,39 +107,56 @@ func (c *Controller) mechanism(d reconciler.Decision) *Mechanism {
 // each volume of it that wants nothing attached, why not: never an empty
 // answer for a pod that exists, or does not.
 func (c *Controller) ExplainPod(ctx context.Context, podKey string) []Explanation {
+	pod, whyNot := c.podOnManagedNode(podKey)
+	if pod == nil {
+		return whyNot
+	}
 	out := []Explanation{}
 	for _, k := range c.desired.PodKeys(podKey) {
 		out = append(out, c.Explain(k))
 	}
-	return append(out, c.explainNotWanted(ctx, podKey, len(out) > 0)...)
+	return append(out, c.explainNotWanted(ctx, pod, len(out) > 0)...)
 }
 
-// explainNotWanted says why the pod at podKey, or a volume of it, wants
-// nothing attached; wants tells whether it wants some volume attached.
-func (c *Controller) explainNotWanted(ctx context.Context, podKey string, wants bool) []Explanation {
+// podOnManagedNode returns the pod at podKey when it is scheduled to a
+// managed node and has not terminated, or else why its volumes are not
+// this controller's to attach.
+func (c *Controller) podOnManagedNode(podKey string) (*v1.Pod, []Explanation) {
 	none := func(node, reason string, args ...any) []Explanation {
 		return []Explanation{{Node: node, Action: string(reconciler.Nothing), Reason: fmt.Sprintf(reason, args...)}}
 	}
 	ns, name, err := toolscache.SplitMetaNamespaceKey(podKey)
 	if err != nil {
-		return none("", "not a pod: want <namespace>/<name>")
+		return nil, none("", "not a pod: want <namespace>/<name>")
 	}
 	pod, err := c.pods.Pods(ns).Get(name)
 	if err != nil {
-		return none("", "no pod %s in the controller's cache: not created, deleted, or not listed yet", podKey)
+		return nil, none("", "no pod %s in the controller's cache: not created, deleted, or not listed yet", podKey)
 	}
 	node := pod.Spec.NodeName
-	switch c.podPlace(pod) {
-	case placeNone:
-		if node == "" {
-			return none(node, "not scheduled to a node yet")
-		}
-		return none(node, "terminated: the volumes of a pod that has terminated are not wanted")
-	case placeUnknownNode:
-		return none(node, "node %s is not in the controller's cache: not created yet, or deleted", node)
-	case placeUnmanagedNode:
-		return none(node, "node %s is not managed by an attach/detach controller (no annotation %s): its kubelet attaches its volumes", node, managedAnnotation)
+	if node == "" {
+		return nil, none(node, "not scheduled to a node yet")
 	}
+	if podTerminated(pod) {
+		return nil, none(node, "terminated: the volumes of a pod that has terminated are not wanted")
+	}
+	n, err := c.nodes.Get(node)
+	if err != nil {
+		return nil, none(node, "node %s is not in the controller's cache: not created yet, or deleted", node)
+	}
+	if !managed(n) {
+		return nil, none(node, "node %s is not managed by an attach/detach controller (no annotation %s): its kubelet attaches its volumes", node, managedAnnotation)
+	}
+	return pod, nil
+}
+
+// explainNotWanted says why pod, on a managed node, or a volume of it,
+// wants nothing attached; wants tells whether it wants some volume attached.
+func (c *Controller) explainNotWanted(ctx context.Context, pod *v1.Pod, wants bool) []Explanation {
+	none := func(node, reason string, args ...any) []Explanation {
+		return []Explanation{{Node: node, Action: string(reconciler.Nothing), Reason: fmt.Sprintf(reason, args...)}}
+	}
+	podKey, node := pod.Namespace+"/"+pod.Name, pod.Spec.NodeName
 	if !wants && c.desired.Partial() {
 		return none(node, "reading every pod after the controller started: this one may not be read yet")
 	}

@@ -9,6 +9,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -108,10 +109,10 @@ func TestExplainMechanism(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := c.syncNode(ctx, tc.node); err != nil {
+			if err := c.syncPod(ctx, "ns/pod"); err != nil {
 				t.Fatal(err)
 			}
-			if err := c.syncPod(ctx, "ns/pod"); err != nil {
+			if err := c.syncNode(ctx, tc.node); err != nil {
 				t.Fatal(err)
 			}
 			got := map[string]Mechanism{}
@@ -143,15 +144,23 @@ func TestExplainPodSaysWhyNothingIsWanted(t *testing.T) {
 	pvC.Spec.CSI.Driver = noAttach.Name
 	mixed := withPod(pod("mixed", "n1", "a", "b", "gone", "c"), inlineVolume(v1.Volume{Name: "scratch",
 		VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}))
-	f := newFixture(t, node("n1"), node("n2", unmanaged), claim("a"), csiPV("a", "h-a"), unboundClaim("b"),
+	objs := []runtime.Object{node("n1"), node("n2", unmanaged), claim("a"), csiPV("a", "h-a"), unboundClaim("b"),
 		claim("c"), pvC, noAttach, mixed, pod("unscheduled", "", "a"), withPod(pod("done", "n1", "a"), phase(v1.PodSucceeded)),
-		pod("away", "n2", "a"), pod("ghost", "n9", "a"), pod("unread", "n1", "a"),
-		withPod(pod("scratch-only", "n1"), inlineVolume(v1.Volume{Name: "scratch", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}})))
+		pod("away", "n2", "a"), pod("ghost", "n9", "a"),
+		withPod(pod("scratch-only", "n1"), inlineVolume(v1.Volume{Name: "scratch", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}))}
+	f := newFixture(t, objs...)
 	for _, p := range []string{"mixed", "unscheduled", "done", "away", "ghost", "scratch-only"} {
 		if err := f.c.syncPod(f.ctx, ns+"/"+p); err != nil {
 			t.Fatal(err)
 		}
 	}
+	for _, n := range []string{"n1", "n2"} {
+		if err := f.c.syncNode(f.ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A pod created since, not read yet.
+	f.load(append(objs, pod("unread", "n1", "a"))...)
 	// One line an answer: pod volume, volume, action, then the reason.
 	explain := func(p string) []string {
 		var out []string

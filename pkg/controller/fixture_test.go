@@ -116,12 +116,13 @@ func (f *fixture) reset() {
 	f.client.ClearActions()
 }
 
-// drain runs the volume and node status queues until both are empty, as
-// the workers would (timers are not fired).
+// drain runs the node, volume and node status queues until they are empty,
+// as the workers would (timers are not fired).
 func (f *fixture) drain() {
 	f.t.Helper()
 	for range 100 {
-		worked := f.c.Process(f.ctx, QueueVolumes)
+		worked := f.c.Process(f.ctx, QueueNodes)
+		worked = f.c.Process(f.ctx, QueueVolumes) || worked
 		worked = f.c.Process(f.ctx, QueueNodeStatus) || worked
 		if !worked {
 			return
@@ -467,6 +468,10 @@ func (f *fixture) syncFirst(node string, handles []string, pods ...string) {
 		if err := f.c.syncPod(f.ctx, p); err != nil {
 			f.t.Fatal(err)
 		}
+	}
+	// A node whose facts waited for its pods to be read is queued by the
+	// read of the last one.
+	for f.c.Process(f.ctx, QueueNodes) {
 	}
 }
 

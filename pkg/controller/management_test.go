@@ -123,17 +123,32 @@ func TestNodeBecomingManagedHoldsForAPodNotReadYet(t *testing.T) {
 	}
 }
 
-// A pod deleted while its node's sync marks the node's pods, its deletion
-// read before the mark: the mark would never be cleared by a read, so the
-// sync clears it at once and the node is not held.
-func TestMarkOfAPodGoneMeanwhileIsCleared(t *testing.T) {
-	f := newFixture(t, node("node-1"))
-	// The sync listed the pod; the lister no longer has it.
-	if woken := f.c.markPods("node-1", []*v1.Pod{pod("pod-a", "node-1")}); len(woken) != 0 {
-		t.Errorf("woken %v, want none", woken)
+// A node becomes managed while a pod there is not read yet: its facts keep
+// saying unmanaged, and the node is looked at again a second later; the
+// pod's read queues the node, whose facts then say managed. A terminated
+// pod, or one read, does not hold it.
+func TestNodeTurningManagedWaitsForItsPodsToBeRead(t *testing.T) {
+	f, k, vol := unmanagedNodeWithAttachment(t)
+	done := withPod(pod("pod-c", "node-1"), func(p *v1.Pod) { p.Status.Phase = v1.PodSucceeded })
+	f.load(append(vol, pod("pod-b", "node-1", "claim-b"), done, node("node-1", resourceVersion("11")))...)
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	if n, _ := f.c.actual.Node("node-1"); n.Managed {
+		t.Fatal("facts say managed while pod-b is not read")
 	}
-	if f.c.desired.PartialOn("node-1") {
-		t.Error("node-1 held by the mark of a pod already gone")
+	if _, later := f.queues[QueueNodes].after["node-1"]; !later {
+		t.Error("node-1 held, and not looked at again later")
+	}
+	f.reset()
+	must(t, f.c.syncPod(f.ctx, "default/pod-b"))
+	if q := f.queued(QueueNodes); !slices.Contains(q, "node-1") {
+		t.Errorf("queued nodes %v: the read of the last unread pod does not queue node-1", q)
+	}
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	if n, _ := f.c.actual.Node("node-1"); !n.Managed {
+		t.Error("every pod read (pod-c terminated), and the facts still say unmanaged")
+	}
+	if d := f.c.reconciler.Decide(k, epoch); d.Action != "nothing" || !d.Desired {
+		t.Errorf("h1, attached and wanted by pod-b: %v", d)
 	}
 }
 
@@ -146,32 +161,15 @@ func TestStatusWriteAnswerAndStaleSyncKeepTheChange(t *testing.T) {
 	f, k, vol := unmanagedNodeWithAttachment(t)
 	// pod-b created (its add queued, not read); the node made managed.
 	f.load(append(vol, pod("pod-b", "node-1", "claim-b"), node("node-1", resourceVersion("11")))...)
-	f.c.nodeWritten(node("node-1", resourceVersion("12")))
+	f.c.nodeWritten(f.ctx, node("node-1", resourceVersion("12")))
 	if d := f.c.reconciler.Decide(k, epoch); d.Action == "withdraw" || d.Action == "detach" {
 		t.Errorf("after the write's answer, before any node sync: %v", d)
 	}
 	must(t, f.c.syncNode(f.ctx, "node-1"))
 	f.load(append(vol, pod("pod-b", "node-1", "claim-b"), node("node-1", resourceVersion("12")))...)
 	must(t, f.c.syncNode(f.ctx, "node-1"))
-	if d := f.c.reconciler.Decide(k, epoch); !f.c.desired.PartialOn("node-1") || d.Action == "withdraw" || d.Action == "detach" {
-		t.Errorf("pod-b not read yet, node just managed: partial %v, decided %v", f.c.desired.PartialOn("node-1"), d)
-	}
-}
-
-// The sync marks the pods its index lists on the node, but one of them was
-// deleted and created again on another node, and read there, before the
-// mark: nothing would read it again for this node, so the mark is cleared
-// at once.
-func TestMarkOfAPodNowOnAnotherNodeIsCleared(t *testing.T) {
-	objs := []runtime.Object{node("node-1"), node("node-2"), withPod(pod("pod-a", "node-2"), uid("uid-2")),
-		csiPV("claim-z", "h9"), va("claim-z", "h9", "node-1")}
-	f := newFixture(t, objs...)
-	must(t, f.c.syncAttachment(f.ctx, volume.AttachmentName("h9", driver, "node-1")))
-	must(t, f.c.syncPod(f.ctx, "default/pod-a"))
-	// The sync listed it under node-1.
-	f.c.markPods("node-1", []*v1.Pod{pod("pod-a", "node-1")})
-	if f.c.desired.PartialOn("node-1") {
-		t.Error("node-1 held by the mark of a pod now on node-2")
+	if d := f.c.reconciler.Decide(k, epoch); d.Action == "withdraw" || d.Action == "detach" {
+		t.Errorf("pod-b not read yet, node just managed: decided %v", d)
 	}
 }
 
@@ -225,7 +223,7 @@ func TestManagementBackInAStatusAnswerWakesWantedVolumesNotAttached(t *testing.T
 func TestNodeUpdateTheInformerSeesAsTheSameIsSyncedWhenTheFactsDiffer(t *testing.T) {
 	f := newFixture(t, node("node-1"))
 	must(t, f.c.syncNode(f.ctx, "node-1"))
-	f.c.nodeWritten(node("node-1", unmanaged, resourceVersion("20")))
+	f.c.nodeWritten(f.ctx, node("node-1", unmanaged, resourceVersion("20")))
 	f.reset()
 	f.c.nodeChanged(node("node-1"), node("node-1", resourceVersion("30")))
 	if q := f.queued(QueueNodes); !slices.Contains(q, "node-1") {
@@ -250,7 +248,7 @@ func TestNodeTurningManagedWakesWhatIsWantedThereWhateverTheInformerLists(t *tes
 	objs := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b")}
 	f := newFixture(t, append(objs, pod("pod-b", "node-1", "claim-b"), node("node-1"))...)
 	f.syncFirst("node-1", nil, "default/pod-b")
-	f.c.nodeWritten(node("node-1", unmanaged, resourceVersion("20")))
+	f.c.nodeWritten(f.ctx, node("node-1", unmanaged, resourceVersion("20")))
 	f.drain()
 	f.load(append(objs, node("node-1", resourceVersion("30")))...)
 	f.reset()
@@ -258,5 +256,16 @@ func TestNodeTurningManagedWakesWhatIsWantedThereWhateverTheInformerLists(t *tes
 	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
 	if q := f.queued(QueueVolumes); !slices.Contains(q, k.String()) {
 		t.Errorf("queued volumes %v: %v, wanted by pod-b and decided while node-1 was unmanaged, not woken", q, k)
+	}
+}
+
+// A node held unmanaged while its pods are read says so in /explain.
+func TestExplainNodeWaitingForItsPods(t *testing.T) {
+	f, k, vol := unmanagedNodeWithAttachment(t)
+	f.load(append(vol, pod("pod-b", "node-1", "claim-b"), node("node-1", resourceVersion("11")))...)
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	want := "node node-1 is not managed by this controller (no volumes.kubernetes.io/controller-managed-attach-detach annotation) yet: the node turned managed, and 1 of its pods are not read yet"
+	if e := f.c.Explain(k); e.Reason != want {
+		t.Errorf("explained %q, want %q", e.Reason, want)
 	}
 }

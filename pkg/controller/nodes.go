@@ -38,18 +38,8 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	c.mu.Lock()
 	last := c.goneNodes[name]
 	delete(c.goneNodes, name)
-	wasManaged, synced := c.nodeManaged[name]
-	if err == nil {
-		c.nodeManaged[name] = managed(node)
-	} else if apierrors.IsNotFound(err) {
-		delete(c.nodeManaged, name)
-	}
 	c.mu.Unlock()
 	if apierrors.IsNotFound(err) {
-		if c.desired.ClearUnread(name) {
-			// Its pods read while it was missing wait no more.
-			c.touch(c.actual.KeysOn(name)...)
-		}
 		if last != nil {
 			// What the node had mounted when it went, not when last synced.
 			c.actual.SetNode(name, NodeInfo(last))
@@ -68,92 +58,43 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 			// its sync then looks at the zone again.
 			c.nodeQueue.AddAfter(name, wait+time.Second)
 		}
-		if !c.rebuilding {
-			c.enqueueNodePods(name)
-		}
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("get node %s: %w", name, err)
 	}
-	info := NodeInfo(node)
-	// Compared with what this sync saw last, not with the node's facts: a
-	// status write's answer sets those too, and may say managed first.
-	readPods := (!synced || wasManaged != info.Managed || last != nil) && !c.rebuilding
-	var pods []*v1.Pod
-	if readPods {
-		pods = c.podsOn(name)
-	}
-	if readPods && info.Managed {
-		// Its pods were read while the node was not known, gone (a delete
-		// and a create may reach this sync as one) or unmanaged, or not
-		// read yet: they may want something here that the desired state
-		// lacks. Until each is read again, nothing here is taken as
-		// unwanted (set before the facts say managed).
-		c.touch(c.markPods(name, pods)...)
-	}
-	touched := c.setNode(name, info)
-	if readPods {
-		for _, p := range pods {
-			c.podQueue.Add(p.Namespace + "/" + p.Name)
-		}
-		// And a volume already wanted there may have been looked at before
-		// this sync: its pod read again through the handler (which queues a
-		// node's pods when it becomes managed) with the node's facts still
-		// saying unmanaged. Reading the pod again changes nothing, and the
-		// facts just set wake what pods want only when they turned managed
-		// (setNode), not when the node is new to them: that look is the one
-		// that wakes it.
-		touched = append(touched, c.desiredOf(name, pods)...)
-	}
+	c.touch(c.setNode(ctx, name, NodeInfo(node))...)
 	if !sameAttached(node.Status.VolumesAttached, c.actual.Reported(name)) {
 		c.statusDiffers(ctx, name, node.Status.VolumesAttached)
 	}
-	c.touch(touched...)
 	return nil
 }
 
-// markPods marks pods, on node, unread (DesiredState.MarkUnread), queues
-// them (their read clears the mark: a mark is never left without one on
-// its way, whoever set it) and returns the attachments of other nodes
-// whose last unread pod was one of them (a pod of the same name). A pod
-// already gone from the lister, or replaced by one of the same name on
-// another node, is read as such at once: its last event may have been read
-// before the mark.
-func (c *Controller) markPods(node string, pods []*v1.Pod) []cache.Key {
-	var touched []cache.Key
-	for _, p := range pods {
-		key := p.Namespace + "/" + p.Name
-		touched = c.woken(c.desired.MarkUnread(key, node), touched)
-		c.podQueue.Add(key)
-		if now, err := c.pods.Pods(p.Namespace).Get(p.Name); apierrors.IsNotFound(err) || (err == nil && now.Spec.NodeName != node) {
-			touched = c.woken(c.desired.Read(key), touched)
-		}
-	}
-	return touched
-}
-
 // nodeWritten records the facts of the answer of a node status write and
-// returns the keys whose decision may change. An answer that says managed
-// before the node's sync has read so marks the node's pods unread first and
-// queues them, as that sync would (syncNode): the sync, which compares with
-// what it read last, may see no change.
-func (c *Controller) nodeWritten(node *v1.Node) []cache.Key {
-	info := NodeInfo(node)
-	if old, ok := c.actual.Node(node.Name); info.Managed && (!ok || !old.Exists || !old.Managed) {
-		c.touch(c.markPods(node.Name, c.podsOn(node.Name))...)
-	}
-	return c.setNode(node.Name, info)
+// returns the keys whose decision may change.
+func (c *Controller) nodeWritten(ctx context.Context, node *v1.Node) []cache.Key {
+	return c.setNode(ctx, node.Name, NodeInfo(node))
 }
 
 // setNode records a node's facts and returns the keys whose decision may
-// change: its attachments (ActualState.SetNode) and, when it turned
-// managed, every key wanted there: a volume with no attachment there yet
-// was decided "not managed", and however the change is learned (a sync,
-// the answer of a status write), nothing else wakes it. The desired state
-// says what is wanted, not the pods the informer lists now: the one that
-// wants it may be created again under its name and not read yet.
-func (c *Controller) setNode(name string, info cache.NodeInfo) []cache.Key {
+// change: its attachments (ActualState.SetNode) and, when it turned managed
+// (or appeared managed), every key its pods want there, decided "not
+// managed" or "no such node" until then.
+//
+// A node turning managed may hold volumes its kubelet attached for pods
+// this controller has not read yet (their events queued behind others):
+// taken as unwanted, they would be detached. So its facts say managed only
+// once the desired state has read every pod the informer lists on it; until
+// then they keep saying unmanaged, and the read of such a pod, or a look a
+// second later, queues the node again (readPod).
+func (c *Controller) setNode(ctx context.Context, name string, info cache.NodeInfo) []cache.Key {
+	if old, ok := c.actual.Node(name); info.Managed && !c.rebuilding && (!ok || !old.Exists || !old.Managed) {
+		if unread := c.unreadPods(name); unread > 0 {
+			klog.FromContext(ctx).V(2).Info("Node turned managed; waiting for its pods to be read", "node", name, "unread", unread)
+			info.Managed = false
+			c.nodeQueue.AddAfter(name, time.Second)
+		}
+	}
 	keys, turnedManaged := c.actual.SetNode(name, info)
 	if turnedManaged {
 		keys = append(keys, c.desired.KeysOn(name)...)
@@ -161,15 +102,16 @@ func (c *Controller) setNode(name string, info cache.NodeInfo) []cache.Key {
 	return keys
 }
 
-// desiredOf returns the keys pods, on node, want, as last read.
-func (c *Controller) desiredOf(node string, pods []*v1.Pod) []cache.Key {
-	var keys []cache.Key
-	for _, p := range pods {
-		for _, pv := range c.desired.PodVolumes(p.Namespace+"/"+p.Name, string(p.UID)) {
-			keys = append(keys, cache.Key{Volume: pv.Spec.Name, Node: node})
+// unreadPods counts the pods the informer lists on node, not terminated,
+// that the desired state has not read there as they are now.
+func (c *Controller) unreadPods(node string) int {
+	n := 0
+	for _, p := range c.podsOn(node) {
+		if !podTerminated(p) && !c.desired.Read(p.Namespace+"/"+p.Name, string(p.UID), node) {
+			n++
 		}
 	}
-	return keys
+	return n
 }
 
 // podsOn returns the pods on node, from the pod informer's index.

@@ -19,8 +19,7 @@ import (
 const managedAnnotation = "volumes.kubernetes.io/controller-managed-attach-detach"
 
 // syncPod turns one pod into desired state: the volumes it needs attached to
-// its node. A pod that is gone, unscheduled, terminated or on a node the
-// controller does not manage needs nothing.
+// its node. A pod that is gone, unscheduled or terminated needs nothing.
 func (c *Controller) syncPod(ctx context.Context, key string) error {
 	touched, err := c.readPod(ctx, key)
 	c.touch(touched...)
@@ -28,7 +27,9 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 }
 
 // readPod brings what the pod at key wants into the desired state and
-// returns the keys that changed, for the caller to queue.
+// returns the keys that changed, for the caller to queue. What a pod wants
+// is recorded whatever its node: managed or not, known or not; Decide asks
+// the node's facts whether it counts.
 func (c *Controller) readPod(ctx context.Context, key string) ([]cache.Key, error) {
 	ns, name, err := toolscache.SplitMetaNamespaceKey(key)
 	if err != nil {
@@ -37,73 +38,33 @@ func (c *Controller) readPod(ctx context.Context, key string) ([]cache.Key, erro
 	pod, err := c.pods.Pods(ns).Get(name)
 	if apierrors.IsNotFound(err) {
 		c.forgetProblems(key)
-		return c.woken(c.desired.Read(key), c.desired.DeletePod(key)), nil
+		return c.desired.DeletePod(key), nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get pod %s: %w", key, err)
 	}
-	ref := cache.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)}
 	node := pod.Spec.NodeName
-	if place := c.podPlace(pod); place != placeManagedNode {
-		if place == placeUnmanagedNode || (place == placeUnknownNode && c.existsInFacts(node)) {
-			// Unmanaged: its kubelet attaches and detaches, nothing is done
-			// there (Decide), but the node's facts may not say so yet, or
-			// may say managed again before the pod is read again (the
-			// node's handler queues its pods then). Missing while known to
-			// exist: deleted, its sync not done yet, or created again (its
-			// add queues its pods). Until the pod is read again, nothing
-			// there is taken as unwanted for want of it: marked before the
-			// desired state loses it.
-			emptied := c.desired.MarkUnread(key, node)
-			return c.woken(emptied, c.desired.SetPod(ref, node, nil)), nil
-		}
-		// Not scheduled, terminated, or on a node gone or never seen.
-		touched := c.desired.SetPod(ref, node, nil)
-		return c.woken(c.desired.Read(key), touched), nil
+	if node == "" || podTerminated(pod) {
+		c.forgetProblems(key)
+		return c.desired.DeletePod(key), nil
 	}
-	vols := c.podVolumes(ctx, pod)
+	ref := cache.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID)}
+	// Only a managed node's pods are told why a volume is not attached, and
+	// counted in the mechanism decisions: elsewhere kubelet attaches. (A
+	// node turning managed queues its pods: nodeChanged.)
+	n, err := c.nodes.Get(node)
+	tell := err == nil && managed(n)
+	vols := c.podVolumes(ctx, pod, tell)
 	touched := c.desired.SetPodVolumes(ref, node, vols)
-	c.countDecisions(vols, touched)
-	return c.woken(c.desired.Read(key), touched), nil
-}
-
-// existsInFacts tells whether the actual state knows node to exist.
-func (c *Controller) existsInFacts(node string) bool {
-	n, ok := c.actual.Node(node)
-	return ok && n.Exists
-}
-
-// woken adds to touched the attachments on node, whose last unread pod was
-// just read (DesiredState.Read, MarkUnread): they may have waited on it.
-func (c *Controller) woken(node string, touched []cache.Key) []cache.Key {
-	if node != "" {
-		touched = append(touched, c.actual.KeysOn(node)...)
+	if tell {
+		c.countDecisions(vols, touched)
+		if f, ok := c.actual.Node(node); !ok || !f.Exists || !f.Managed {
+			// The node's facts wait for its pods to be read before they
+			// say managed (setNode): this may be the last one.
+			c.nodeQueue.Add(node)
+		}
 	}
-	return touched
-}
-
-// place is where a pod stands for attaching its volumes.
-type place int
-
-const (
-	placeManagedNode   place = iota // they are attached to its node
-	placeNone                       // not scheduled, or terminated: none is
-	placeUnknownNode                // its node is not in the lister
-	placeUnmanagedNode              // its node's kubelet attaches them
-)
-
-func (c *Controller) podPlace(pod *v1.Pod) place {
-	if pod.Spec.NodeName == "" || podTerminated(pod) {
-		return placeNone
-	}
-	node, err := c.nodes.Get(pod.Spec.NodeName)
-	switch {
-	case err != nil:
-		return placeUnknownNode
-	case !managed(node):
-		return placeUnmanagedNode
-	}
-	return placeManagedNode
+	return touched, nil
 }
 
 // managed tells whether the node's kubelet leaves attach and detach to
@@ -139,12 +100,19 @@ func podTerminated(pod *v1.Pod) bool {
 // had: one that can no longer be resolved (its claim deleted, its PV deleted
 // or bound elsewhere) or now resolves to another volume stays wanted, with a
 // warning, until the pod terminates or goes, as upstream keeps it.
-func (c *Controller) podVolumes(ctx context.Context, pod *v1.Pod) []cache.PodVolume {
+//
+// Without tell, nothing is reported: the pod's node is not managed.
+func (c *Controller) podVolumes(ctx context.Context, pod *v1.Pod, tell bool) []cache.PodVolume {
 	logger := klog.FromContext(ctx)
 	key := pod.Namespace + "/" + pod.Name
 	had := map[string][]*volume.Spec{}
 	for _, pv := range c.desired.PodVolumes(key, string(pod.UID)) {
 		had[pv.Name] = append(had[pv.Name], pv.Spec)
+	}
+	report := func(volName, reason, msg string) {
+		if tell {
+			c.reportProblemEvent(pod, volName, reason, msg)
+		}
 	}
 	var vols []cache.PodVolume
 	seen := map[string]bool{}
@@ -162,7 +130,7 @@ func (c *Controller) podVolumes(ctx context.Context, pod *v1.Pod) []cache.PodVol
 			}
 			logger.Info("Volume of a running pod can no longer be resolved; it stays attached until the pod terminates",
 				"volume", vol.Name, "attached", old.Name, "reason", why)
-			c.reportProblemEvent(pod, vol.Name, "VolumeKeptAttached", fmt.Sprintf(
+			report(vol.Name, "VolumeKeptAttached", fmt.Sprintf(
 				"volume %q stays attached as %s until the pod terminates, but it can no longer be resolved: %s", vol.Name, old.Name, why))
 		}
 		switch {
@@ -175,11 +143,11 @@ func (c *Controller) podVolumes(ctx context.Context, pod *v1.Pod) []cache.PodVol
 			}
 			if former := c.formerVolume(ctx, pod, vol); former != nil {
 				vols = append(vols, cache.PodVolume{Name: vol.Name, Spec: former})
-				c.reportProblemEvent(pod, vol.Name, "VolumeKeptAttached", fmt.Sprintf(
+				report(vol.Name, "VolumeKeptAttached", fmt.Sprintf(
 					"volume %q stays attached as %s until the pod terminates, but it can no longer be resolved: %s", vol.Name, former.Name, err))
 				break
 			}
-			c.reportProblem(pod, vol.Name, err)
+			report(vol.Name, "FailedAttachVolume", fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", vol.Name, err))
 		case spec != nil:
 			vols = append(vols, cache.PodVolume{Name: vol.Name, Spec: spec})
 		}
@@ -189,6 +157,10 @@ func (c *Controller) podVolumes(ctx context.Context, pod *v1.Pod) []cache.PodVol
 		if err == nil && spec != nil && allShareName(had[vol.Name], spec) {
 			seen[vol.Name] = true
 		}
+	}
+	if !tell {
+		c.forgetProblems(key)
+		return vols
 	}
 	c.clearProblems(pod, seen)
 	return vols
@@ -328,12 +300,6 @@ func (c *Controller) countDecisions(vols []cache.PodVolume, touched []cache.Key)
 		}
 		c.cfg.Metrics.MechanismDecisions.WithLabelValues(s.PluginName, mech).Inc()
 	}
-}
-
-// reportProblem posts a warning on the pod for a volume that can't be
-// attached, once per distinct message.
-func (c *Controller) reportProblem(pod *v1.Pod, volName string, err error) {
-	c.reportProblemEvent(pod, volName, "FailedAttachVolume", fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", volName, err))
 }
 
 // reportProblemEvent posts a warning with reason on the pod about one of its

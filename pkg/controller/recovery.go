@@ -154,7 +154,7 @@ func (r *Recovery) Step(ctx context.Context, n int) (bool, error) {
 			return false, err
 		}
 		for _, k := range touched {
-			if !c.settled(k) && c.desired.Wanted(k) {
+			if !c.settled(k) && c.reconciler.Wanted(k) {
 				c.volumeQueue.Add(k)
 			}
 		}
@@ -285,7 +285,7 @@ func (c *Controller) settledLast(keys []cache.Key) []cache.Key {
 // attached, in node status, no detach wanted.
 func (c *Controller) settled(k cache.Key) bool {
 	a, ok := c.actual.Get(k)
-	return ok && a.State == cache.Attached && a.Reported && a.DetachWanted.IsZero() && c.desired.Wanted(k)
+	return ok && a.State == cache.Attached && a.Reported && a.DetachWanted.IsZero() && c.reconciler.Wanted(k)
 }
 
 // feedRecovered adds keys to queue whenever it holds fewer than depth items,

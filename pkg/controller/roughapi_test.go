@@ -116,7 +116,7 @@ func TestManagementSeenFirstInStatusAnswersLeavesNoPodUnread(t *testing.T) {
 
 	written := func(rv string, opts ...nodeOpt) {
 		n := node("node-1", append(opts, resourceVersion(rv), inUse(csiName("h1"), csiName("h2")))...)
-		f.c.nodeWritten(n)
+		f.c.nodeWritten(f.ctx, n)
 	}
 	written("20", unmanaged)
 	written("30")

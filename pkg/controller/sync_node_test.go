@@ -29,11 +29,17 @@ func TestSyncNode(t *testing.T) {
 		wantPods, wantVolumes, wantStatus []string
 	}{
 		{
-			name:      "new node: its facts are recorded and its pods queued",
-			objects:   []runtime.Object{node("node-1"), pod("pod-a", "node-1"), pod("pod-b", "node-2")},
+			name:      "new node: its facts are recorded",
+			objects:   []runtime.Object{node("node-1"), pod("pod-b", "node-2")},
 			key:       "node-1",
 			wantFacts: "exists,managed,ready inUse=[]",
-			wantPods:  []string{"default/pod-a"},
+		},
+		{
+			// Its sync is queued again by the pod's read, and a second later.
+			name:      "new node with a pod not read yet: its facts say unmanaged until the pod is read",
+			objects:   []runtime.Object{node("node-1"), pod("pod-a", "node-1"), pod("pod-b", "node-2")},
+			key:       "node-1",
+			wantFacts: "exists,ready inUse=[]",
 		},
 		{
 			name:      "known node, nothing changed: nothing queued",
@@ -74,7 +80,7 @@ func TestSyncNode(t *testing.T) {
 			wantStatus:  []string{"node-1"},
 		},
 		{
-			name:     "deleted node: what it had mounted last is kept, its attachments and pods are queued",
+			name:     "deleted node: what it had mounted last is kept, its attachments are queued",
 			before:   node("node-1"),
 			attached: []string{"h1"},
 			objects:  []runtime.Object{pod("pod-a", "node-1")},
@@ -82,7 +88,6 @@ func TestSyncNode(t *testing.T) {
 			deleted:     node("node-1", inUse(csiName("h1")), resourceVersion("11")),
 			key:         "node-1",
 			wantFacts:   "managed inUse=[" + csiName("h1") + "]",
-			wantPods:    []string{"default/pod-a"},
 			wantVolumes: []string{key("h1", "node-1")},
 			wantStatus:  []string{"node-1"},
 		},
@@ -104,19 +109,24 @@ func TestSyncNode(t *testing.T) {
 			wantFacts: "exists,managed,ready inUse=[]",
 		},
 		{
-			name:      "node becomes managed: its pods are queued",
+			name:      "node becomes managed with a pod not read yet: its facts say unmanaged until the pod is read",
 			before:    node("node-1", unmanaged),
 			objects:   []runtime.Object{node("node-1", resourceVersion("11")), pod("pod-a", "node-1")},
 			key:       "node-1",
-			wantFacts: "exists,managed,ready inUse=[]",
-			wantPods:  []string{"default/pod-a"},
+			wantFacts: "exists,ready inUse=[]",
 		},
 		{
-			name:      "node gone before the controller ever read it: nothing known, its pods queued",
+			name:      "node becomes managed, a terminated pod on it: its facts say managed",
+			before:    node("node-1", unmanaged),
+			objects:   []runtime.Object{node("node-1", resourceVersion("11")), withPod(pod("pod-a", "node-1"), phase(v1.PodFailed))},
+			key:       "node-1",
+			wantFacts: "exists,managed,ready inUse=[]",
+		},
+		{
+			name:      "node gone before the controller ever read it: nothing known",
 			objects:   []runtime.Object{pod("pod-a", "node-1")},
 			key:       "node-1",
 			wantFacts: "unknown",
-			wantPods:  []string{"default/pod-a"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -167,14 +177,21 @@ func TestNodeBecomingManagedWakesItsWantedVolumes(t *testing.T) {
 	if err := f.c.syncPod(f.ctx, "default/pod-a"); err != nil {
 		t.Fatal(err)
 	}
-	if f.c.desired.Wanted(k) {
+	if f.c.reconciler.Wanted(k) {
 		t.Fatalf("%v wanted on an unmanaged node", k)
 	}
 	f.load(append(vol, node("node-1", resourceVersion("11")))...)
 	if err := f.c.syncPod(f.ctx, "default/pod-a"); err != nil {
 		t.Fatal(err)
 	}
-	f.drain()
+	// The pod's read, its node's facts saying unmanaged and the informer
+	// managed, queues the node.
+	checkList(t, "nodes queued by the pod's read", f.queued(QueueNodes), []string{"node-1"})
+	for f.c.Process(f.ctx, QueueVolumes) {
+		if f.volumes.Len() == 0 {
+			break
+		}
+	}
 	checkList(t, "API writes before the node's sync", f.writes(), nil)
 	f.reset()
 	if err := f.c.syncNode(f.ctx, "node-1"); err != nil {
@@ -187,9 +204,9 @@ func TestNodeBecomingManagedWakesItsWantedVolumes(t *testing.T) {
 }
 
 // A node that stops being managed: its pod read through the handler before
-// the node's facts say so wants nothing there any more, but its volume is
-// not taken as unwanted where the controller still acts (no withdraw, no
-// start of the max wait for unmount).
+// the node's facts say so still wants its volume, which is not taken as
+// unwanted where the controller still acts (no withdraw, no start of the
+// max wait for unmount).
 func TestPodReadOnNodeGoingUnmanagedTakesNothingAway(t *testing.T) {
 	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
 	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), pod("pod-a", "node-1", "claim-a"), va("claim-a", "h1", "node-1")}
@@ -201,8 +218,8 @@ func TestPodReadOnNodeGoingUnmanagedTakesNothingAway(t *testing.T) {
 	if err := f.c.syncPod(f.ctx, "default/pod-a"); err != nil {
 		t.Fatal(err)
 	}
-	if d := f.c.reconciler.Decide(k, epoch); d.Action != "wait" || !strings.Contains(d.Reason, "read while it was unmanaged") {
-		t.Errorf("%v after its pod was read on a node going unmanaged: %v, want a wait for the pod", k, d)
+	if d := f.c.reconciler.Decide(k, epoch); d.Action != "nothing" || !d.Desired {
+		t.Errorf("%v after its pod was read on a node going unmanaged: %v, want it wanted, nothing to do", k, d)
 	}
 	f.volumes.Add(k)
 	f.drain()
@@ -211,10 +228,9 @@ func TestPodReadOnNodeGoingUnmanagedTakesNothingAway(t *testing.T) {
 }
 
 // A node that becomes managed with a volume attached and a pod created
-// while it was not: until that pod is read, the volume is not taken as
-// unwanted; once it is, the volume stays, and an attachment no pod wants
-// (waiting too) is looked at again.
-func TestNodeBecomingManagedWaitsForItsPods(t *testing.T) {
+// while it was not: the pod was read then, so the volume is wanted from the
+// first look, and an attachment no pod wants is detached.
+func TestNodeBecomingManagedKeepsWhatItsPodsWant(t *testing.T) {
 	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
 	orphan := cache.Key{Volume: volume.CSIName(driver, "h9"), Node: "node-1"}
 	vol := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b"), pod("pod-b", "node-1", "claim-b"), va("claim-b", "h1", "node-1"),
@@ -237,38 +253,24 @@ func TestNodeBecomingManagedWaitsForItsPods(t *testing.T) {
 	if err := f.c.syncNode(f.ctx, "node-1"); err != nil {
 		t.Fatal(err)
 	}
-	checkList(t, "pods queued by the node's sync", f.queued(QueuePods), []string{"default/pod-b"})
-	f.drain()
-	for _, k := range []cache.Key{k, orphan} {
-		if d := f.c.reconciler.Decide(k, epoch); d.Action != "wait" || !strings.Contains(d.Reason, "read while it was unmanaged") {
-			t.Errorf("%v before the node's pod is read: %v, want a wait for the node's pods", k, d)
-		}
-		f.checkNotUnwanted(k, "before the node's pod is read")
-	}
-	f.reset()
-	if err := f.c.syncPod(f.ctx, "default/pod-b"); err != nil {
-		t.Fatal(err)
-	}
-	if q := f.volumes.addedNames(); !slices.Contains(q, orphan.String()) {
-		t.Errorf("volume keys queued by the read of the node's last pod: %v, want %v among them", q, orphan)
-	}
+	f.checkNotUnwanted(k, "once the node is managed")
 	f.drain()
 	for _, w := range f.writes() {
 		if strings.HasPrefix(w, "delete") && w != "delete volumeattachments "+volume.AttachmentName("h9", driver, "node-1") {
-			t.Errorf("write after the pod was read: %s, want only the orphan's detach", w)
+			t.Errorf("write: %s, want only the orphan's detach", w)
 		}
 	}
 	if a, ok := f.c.actual.Get(orphan); ok && a.DetachStarted.IsZero() {
-		t.Errorf("%v: no detach started once the node's pods are read", orphan)
+		t.Errorf("%v: no detach started", orphan)
 	}
-	if d := f.c.reconciler.Decide(k, epoch); d.Action != "nothing" || !f.c.desired.Wanted(k) {
-		t.Errorf("%v once its pod is read: %v, wanted %v; want it wanted, nothing to do", k, d, f.c.desired.Wanted(k))
+	if d := f.c.reconciler.Decide(k, epoch); d.Action != "nothing" || !d.Desired {
+		t.Errorf("%v: %v; want it wanted, nothing to do", k, d)
 	}
 }
 
-// A pod read while its node was unmanaged holds the node's attachments
-// once the node is managed again, until it is read again, whether a node
-// status write's answer or the node's sync says managed first.
+// A pod read while its node was unmanaged keeps the node's attachments
+// once the node is managed again, whether a node status write's answer or
+// the node's sync says managed first.
 func TestPodReadWhileUnmanagedHoldsTheNodeManagedAgain(t *testing.T) {
 	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
 	vol := []runtime.Object{csiPV("claim-b", "h1"), claim("claim-b"), pod("pod-b", "node-1", "claim-b"), va("claim-b", "h1", "node-1")}
@@ -286,8 +288,8 @@ func TestPodReadWhileUnmanagedHoldsTheNodeManagedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.drain()
-	if d := f.c.reconciler.Decide(k, epoch); d.Action != "wait" || !strings.Contains(d.Reason, "read while it was unmanaged") {
-		t.Errorf("%v before its pod is read again: %v, want a wait for the pod", k, d)
+	if d := f.c.reconciler.Decide(k, epoch); d.Action != "nothing" || !d.Desired {
+		t.Errorf("%v before its pod is read again: %v, want it wanted, nothing to do", k, d)
 	}
 	f.checkNotUnwanted(k, "before its pod is read again")
 	if err := f.c.syncPod(f.ctx, "default/pod-b"); err != nil {

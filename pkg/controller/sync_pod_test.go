@@ -118,14 +118,21 @@ func TestSyncPod(t *testing.T) {
 			wantDesired: []string{csiName("h1") + "@node-1 default/pod-a(uid-pod-a) single=true"},
 		},
 		{
-			name:    "pod on a node the controller does not manage needs nothing",
-			objects: []runtime.Object{node("node-1", unmanaged), pod("pod-a", "node-1", "claim-a"), claim("claim-a"), pvA},
-			key:     "default/pod-a",
+			// Whether the node counts is Decide's, from the node's facts.
+			name:        "pod on a node the controller does not manage: what it wants is recorded, with no warning",
+			objects:     []runtime.Object{node("node-1", unmanaged), pod("pod-a", "node-1", "claim-a", "claim-gone"), claim("claim-a"), pvA},
+			key:         "default/pod-a",
+			wantDesired: []string{csiName("h1") + "@node-1 default/pod-a(uid-pod-a) single=true"},
+			wantVolumes: []string{key("h1", "node-1")},
+			wantStatus:  []string{"node-1"},
 		},
 		{
-			name:    "pod on a node not in the lister needs nothing (the node's add queues it again)",
-			objects: []runtime.Object{pod("pod-a", "node-1", "claim-a"), claim("claim-a"), pvA},
-			key:     "default/pod-a",
+			name:        "pod on a node not in the lister: what it wants is recorded, with no warning",
+			objects:     []runtime.Object{pod("pod-a", "node-1", "claim-a", "claim-gone"), claim("claim-a"), pvA},
+			key:         "default/pod-a",
+			wantDesired: []string{csiName("h1") + "@node-1 default/pod-a(uid-pod-a) single=true"},
+			wantVolumes: []string{key("h1", "node-1")},
+			wantStatus:  []string{"node-1"},
 		},
 		{
 			name:    "missing claim: a warning, nothing wanted",

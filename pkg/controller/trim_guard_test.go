@@ -288,7 +288,7 @@ func guardLoad(t *testing.T, f *fixture, objs []runtime.Object, tf guardTransfor
 }
 
 // guardReads is what each read of the cached objects returns, before any
-// sync: a pod's place and each volume's resolution, a node's facts, a
+// sync: a pod's node and each volume's resolution, a node's facts, a
 // VolumeAttachment's key, the ref indexes.
 func guardReads(f *fixture) []string {
 	var out []string
@@ -296,7 +296,8 @@ func guardReads(f *fixture) []string {
 	for _, p := range pods {
 		k := p.Namespace + "/" + p.Name
 		idx, _ := podNodeIndex(p)
-		out = append(out, fmt.Sprintf("pod %s: place %d terminated %v claims %v index %v", k, f.c.podPlace(p), podTerminated(p), podClaims(p), idx))
+		n, err := f.c.nodes.Get(p.Spec.NodeName)
+		out = append(out, fmt.Sprintf("pod %s: node %q managed %v terminated %v claims %v index %v", k, p.Spec.NodeName, err == nil && managed(n), podTerminated(p), podClaims(p), idx))
 		for i := range p.Spec.Volumes {
 			spec, err := f.c.podVolume(f.ctx, p, &p.Spec.Volumes[i])
 			if errors.Is(err, volume.ErrNotAttachable) {

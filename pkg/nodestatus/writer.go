@@ -25,7 +25,7 @@ import (
 type Writer struct {
 	client  kubernetes.Interface
 	actual  *cache.ActualState
-	setNode func(*v1.Node) []cache.Key
+	setNode func(context.Context, *v1.Node) []cache.Key
 	// Hold is how long a write that only adds volumes may wait for the
 	// other attaches under way on its node (cache.ActualState.HoldReport);
 	// zero: none waits.
@@ -38,7 +38,7 @@ type Writer struct {
 // as the write (kubelet may have mounted a volume just before a withdraw
 // landed; only that answer is sure to say so), and returns the keys whose
 // decision may change.
-func NewWriter(client kubernetes.Interface, actual *cache.ActualState, setNode func(*v1.Node) []cache.Key) *Writer {
+func NewWriter(client kubernetes.Interface, actual *cache.ActualState, setNode func(context.Context, *v1.Node) []cache.Key) *Writer {
 	return &Writer{client: client, actual: actual, setNode: setNode, Clock: clock.RealClock{}}
 }
 
@@ -78,7 +78,7 @@ func (w *Writer) write(ctx context.Context, node string) ([]cache.Key, error) {
 	}
 	// The node's facts as of the write first: a withdrawn volume's detach
 	// must see a mount reported before the write.
-	keys := w.setNode(written)
+	keys := w.setNode(ctx, written)
 	ended, landed := w.actual.EndReportOn(node, string(written.UID), want)
 	keys = append(keys, ended...)
 	if !landed {

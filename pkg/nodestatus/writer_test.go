@@ -1,6 +1,8 @@
 package nodestatus
 
 import (
+	"context"
+
 	"errors"
 	"reflect"
 	"slices"
@@ -66,7 +68,7 @@ func newFixture(t *testing.T, nodes []*v1.Node, attachments []cache.Attachment, 
 	for _, a := range attachments {
 		actual.Update(a.Key, true, func(at *cache.Attachment) { *at = a })
 	}
-	setNode := func(n *v1.Node) []cache.Key {
+	setNode := func(_ context.Context, n *v1.Node) []cache.Key {
 		keys, _ := actual.SetNode(n.Name, testFacts(n))
 		return keys
 	}

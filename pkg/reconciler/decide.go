@@ -59,8 +59,7 @@ type Decision struct {
 	// zone is disrupted (ZoneDisrupted).
 	HeldIn *cache.ZoneHealth
 	// Unread, with Wait: the volume is not known to be unwanted yet, pods
-	// remain to be read after a restart, or again on a node they were read
-	// on while it was unmanaged or missing (DesiredState.PartialOn).
+	// remain to be read after a restart (DesiredState.Partial).
 	Unread bool
 }
 
@@ -73,11 +72,20 @@ func (d Decision) String() string {
 // only and changes nothing.
 func (r *Reconciler) Decide(k cache.Key, now time.Time) Decision {
 	d := Decision{Key: k}
-	d.Spec, d.Pods, d.Desired = r.desired.Get(k)
 	d.Attachment, d.HasAttachment = r.actual.Get(k)
 	node, known := r.actual.Node(k.Node)
 	if known && node.Exists && !node.Managed {
 		return d.with(Nothing, "node %s is not managed by this controller (no %s annotation)", k.Node, "volumes.kubernetes.io/controller-managed-attach-detach")
+	}
+	// What pods want on a node counts only while it exists (it is managed
+	// from here on).
+	spec, pods, wanted := r.desired.Get(k)
+	if wanted && !(known && node.Exists) {
+		if !d.HasAttachment {
+			return d.with(Nothing, "pod %s wants it on node %s, which does not exist", pods[0], k.Node)
+		}
+	} else {
+		d.Spec, d.Pods, d.Desired = spec, pods, wanted
 	}
 	if d.HasAttachment && !d.Attachment.DetachStarted.IsZero() && d.Attachment.State != cache.Detaching {
 		// A detach was started and its outcome is unknown (its call
@@ -149,13 +157,11 @@ func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time
 	if !d.HasAttachment {
 		return d.with(Nothing, "neither wanted nor attached")
 	}
-	if r.desired.Wanted(k) {
+	if r.Wanted(k) {
 		return d.with(Nothing, "wanted under another name by a pod on node %s", k.Node)
 	}
-	if d.Attachment.State != cache.Detaching && r.desired.PartialOn(k.Node) {
-		// Every key gets a look once the last pod is read (Recovery.Finish),
-		// every key on the node once its last unread pod is
-		// (Controller.readPod, or the node's deletion: syncNode).
+	if d.Attachment.State != cache.Detaching && r.desired.Partial() {
+		// Every key gets a look once the last pod is read (Recovery.Finish).
 		if a := d.Attachment; r.handingOver.Load() && a.State == cache.Uncertain && a.Spec != nil &&
 			!a.AttachStarted.IsZero() && a.AttachmentUID == "" && len(singleNodeAccessConflict(a.Spec, k.Node, r.actual)) == 0 {
 			// Stopping: an attach this controller started, whose object it
@@ -167,10 +173,7 @@ func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time
 			return d.with(Attach, "finishing, before handing over, the attach started on node %s: pods that may want it remain to be read", k.Node)
 		}
 		d.Unread = true
-		if r.desired.Partial() {
-			return d.with(Wait, "reading every pod after the controller started before deciding no pod on node %s wants it", k.Node)
-		}
-		return d.with(Wait, "reading again the pods of node %s read while it was unmanaged or missing, before deciding none wants it", k.Node)
+		return d.with(Wait, "reading every pod after the controller started before deciding no pod on node %s wants it", k.Node)
 	}
 	if d.Attachment.State == cache.Detaching {
 		if d.Attachment.DetachError != "" {
@@ -190,6 +193,17 @@ func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time
 		return d.with(Wait, "waiting for node %s status to stop listing the volume before the detach", k.Node)
 	}
 	return d.with(Detach, "no pod wants it")
+}
+
+// Wanted reports whether some pod on k's node wants the volume k names,
+// under its primary name or as an alias (the same volume attached by another
+// mechanism), and the node is managed and exists: what pods want elsewhere
+// does not count. A wanted attachment is never detached.
+func (r *Reconciler) Wanted(k cache.Key) bool {
+	if n, ok := r.actual.Node(k.Node); !ok || !n.Exists || !n.Managed {
+		return false
+	}
+	return r.desired.Wanted(k)
 }
 
 func (d Decision) with(a Action, format string, args ...any) Decision {

@@ -31,7 +31,7 @@ type Observation struct {
 func (r *Reconciler) Observe(k cache.Key, now, since time.Time) Observation {
 	d := r.Decide(k, now)
 	o := Observation{Decision: d}
-	if d.Desired || r.desired.Wanted(k) {
+	if d.Desired || r.Wanted(k) {
 		if d.Spec != nil {
 			o.HeldElsewhere = singleNodeAccessConflict(d.Spec, k.Node, r.actual)
 		}

@@ -311,7 +311,7 @@ func (r *Reconciler) act(ctx context.Context, d Decision, now time.Time, again b
 // alias) is put back in the node's report, and a first attach is announced.
 func (r *Reconciler) settle(d Decision) Result {
 	var res Result
-	if !d.HasAttachment || !(d.Desired || r.desired.Wanted(d.Key)) {
+	if !d.HasAttachment || !(d.Desired || r.Wanted(d.Key)) {
 		r.forget(d.Key)
 		return res
 	}
