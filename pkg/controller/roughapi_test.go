@@ -325,3 +325,34 @@ func TestGoneAnswerOlderThanTheControllersCreateDropsNothing(t *testing.T) {
 		t.Errorf("queued VolumeAttachments %v: %s not looked at again", q, name)
 	}
 }
+
+// A CSI volume known from node status alone (its VolumeAttachment never
+// seen), that no pod wants: its detach deletes the object under the
+// volume's name, which someone had created meanwhile (the lister has not
+// shown it yet). The object's create and deletion then reach one sync:
+// that sync must find the record by the object's name, or nothing ever
+// ends the detach.
+func TestDetachOfAVolumeKnownFromNodeStatusEndsWhenItsObjectGoes(t *testing.T) {
+	name := volume.AttachmentName("h1", driver, "node-1")
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	n := node("node-1", listsAttached(csiName("h1")))
+	f := newFixture(t, n)
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	f.c.actual.Update(k, true, func(a *cache.Attachment) {
+		a.Reported, a.Kind, a.PluginName = true, volume.KindCSI, volume.CSIPluginName
+	})
+	must(t, f.client.Tracker().Add(va("claim-a", "h1", "node-1")))
+	f.volumes.Add(k)
+	f.drain()
+	if w := f.writes(); !slices.Contains(w, "delete volumeattachments "+name) {
+		t.Fatalf("writes %v: no detach", w)
+	}
+	if _, err := f.client.StorageV1().VolumeAttachments().Get(f.ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("VolumeAttachment still there after its delete: %v", err)
+	}
+	must(t, f.c.syncAttachment(f.ctx, name))
+	f.drain()
+	if a, ok := f.c.actual.Get(k); ok {
+		t.Errorf("the object is gone, and the detach is still on record: %+v; decided %v", a, f.c.reconciler.Decide(k, epoch))
+	}
+}

@@ -436,6 +436,18 @@ func (r *Reconciler) detach(ctx context.Context, d Decision, now time.Time) (Res
 		logger.V(2).Info("Node status may list the volume again; the detach waits for the next write")
 		return Result{WriteNodeStatus: true}, nil
 	}
+	if kind == volume.KindCSI && a.AttachmentName == "" {
+		// Known from node status alone: the delete goes to the object
+		// under the volume's name, whose events must find this record
+		// (ByAttachmentName), its create and deletion read as one too.
+		_, driver, handle := volume.Parse(a.Volume)
+		a.AttachmentName = volume.AttachmentName(handle, driver, a.Node)
+		r.actual.Update(d.Key, false, func(cur *cache.Attachment) {
+			if cur.AttachmentName == "" {
+				cur.AttachmentName = a.AttachmentName
+			}
+		})
+	}
 	if a.DetachStarted.IsZero() {
 		a.DetachStarted = now
 	}

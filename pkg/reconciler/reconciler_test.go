@@ -46,6 +46,8 @@ var (
 	specA = csiSpec("pv-a", "vol-a", true)
 	specB = csiSpec("pv-b", "vol-b", true)
 	specX = csiSpec("pv-x", "vol-x", false)
+	// vaNameA names specA's VolumeAttachment on node-1.
+	vaNameA = volume.AttachmentName("vol-a", specA.Driver, node1)
 	// ebsCSI is the CSI name of the migratable EBS volume of specPending.
 	ebsCSI      = volume.CSIName("ebs.csi.aws.com", "vol-ebs")
 	specPending = &volume.Spec{
@@ -415,7 +417,7 @@ func TestSync(t *testing.T) {
 			steps: []step{
 				{key: key(specA, node1), wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
 			},
-			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Detaching, Withdrawn: true}},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Detaching, Withdrawn: true, Name: vaNameA}},
 		},
 		{
 			// Not listed, not withdrawn, a write in flight: it is marked
@@ -483,7 +485,7 @@ func TestSync(t *testing.T) {
 				{key: key(specA, node1), wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
 				{name: "detaching: wait", key: key(specA, node1)},
 			},
-			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Detaching, Withdrawn: true, DetachWanted: true}},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Detaching, Withdrawn: true, DetachWanted: true, Name: vaNameA}},
 		},
 		{
 			// Created and deleted before any event showed it: no event will
@@ -506,7 +508,7 @@ func TestSync(t *testing.T) {
 				{key: key(specA, node1), wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"},
 					wantErr: "detach " + string(specA.Name) + " from node node-1: rpc timeout"},
 			},
-			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Withdrawn: true, DetachWanted: true, DetachError: "rpc timeout"}},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Withdrawn: true, DetachWanted: true, DetachError: "rpc timeout", Name: vaNameA}},
 		},
 		{
 			name: "recovered in-tree attachment is detached by the in-tree mechanism",
