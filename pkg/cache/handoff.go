@@ -34,6 +34,13 @@ func (a *ActualState) HandOver() []string {
 	return a.toWriteLocked()
 }
 
+// HandingOver reports whether a handoff began (HandOver).
+func (a *ActualState) HandingOver() bool {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.handingOver
+}
+
 // toWriteLocked lists the nodes, sorted, whose report differs from what the
 // controller last wrote, or is being written.
 func (a *ActualState) toWriteLocked() []string {

@@ -64,7 +64,6 @@ func (c *Controller) handOver(ctx context.Context) {
 // withdrawn for a detach that has not started are listed again in their
 // node's status. The attaches and detaches under way go on.
 func (c *Controller) BeginHandOver() {
-	c.reconciler.HandOver()
 	for _, node := range c.actual.HandOver() {
 		c.statusQueue.Add(node)
 	}

@@ -162,13 +162,7 @@ func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time
 	}
 	if d.Attachment.State != cache.Detaching && r.desired.Partial() {
 		// Every key gets a look once the last pod is read (Recovery.Finish).
-		if a := d.Attachment; r.handingOver.Load() && a.State == cache.Uncertain && a.Spec != nil &&
-			!a.AttachStarted.IsZero() && a.AttachmentUID == "" && len(singleNodeAccessConflict(a.Spec, k.Node, r.actual)) == 0 {
-			// Stopping: an attach this controller started, whose object it
-			// never saw (its call failed, or its answer is not seen yet), is
-			// finished rather than left in between for the next controller,
-			// since it may be wanted by a pod not read yet and no detach may
-			// start.
+		if a := d.Attachment; r.actual.HandingOver() && handoffFinishesAttach(a, r.actual) {
 			d.Spec = a.Spec
 			return d.with(Attach, "finishing, before handing over, the attach started on node %s: pods that may want it remain to be read", k.Node)
 		}

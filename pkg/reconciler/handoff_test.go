@@ -43,8 +43,8 @@ func TestContinuesOperation(t *testing.T) {
 			if tc.has {
 				d.Attachment, d.HasAttachment = with(tc.a)
 			}
-			if got := continuesOperation(d); got != tc.want {
-				t.Errorf("continuesOperation(%s of %+v) = %v, want %v", tc.action, tc.a, got, tc.want)
+			if got := handoffContinues(d); got != tc.want {
+				t.Errorf("handoffContinues(%s of %+v) = %v, want %v", tc.action, tc.a, got, tc.want)
 			}
 		})
 	}
@@ -106,7 +106,7 @@ func TestHandoffFinishesAnUnconfirmedAttachWhilePodsAreRead(t *testing.T) {
 			if m.attaches != 0 || m.detaches != 0 {
 				t.Fatalf("before a handoff: %d attaches, %d detaches; want none (it waits for the pods)", m.attaches, m.detaches)
 			}
-			r.HandOver()
+			actual.HandOver()
 			if _, err := r.Sync(ctx, k); err != nil {
 				t.Fatal(err)
 			}
@@ -135,7 +135,7 @@ func TestHandoffFinishesADetachThatBeganOnceItMay(t *testing.T) {
 	m := &countingMechanism{}
 	r := New(desired, actual, map[volume.Kind]Mechanism{volume.KindCSI: m}, record.NewFakeRecorder(10), metrics.New(),
 		Config{MaxWaitForUnmount: time.Minute, Clock: clk})
-	r.HandOver()
+	actual.HandOver()
 	res, err := r.Sync(ctx, k)
 	if err != nil {
 		t.Fatal(err)

@@ -126,53 +126,15 @@ type Reconciler struct {
 	held      map[cache.Key]bool
 	heldCount atomic.Int64
 
-	// handingOver: the controller is stopping gracefully; no operation
-	// starts (HandOver).
-	handingOver atomic.Bool
 	// syncing counts the Syncs under way: one may be waiting on the answer
 	// of an attach or detach call whose outcome no cache holds yet.
 	syncing atomic.Int64
 }
 
-// HandOver stops the reconciler from starting operations: Sync still
-// decides, settles keys that need no operation (putting a volume wanted
-// again back in its node's report) and finishes operations under way
-// (continuesOperation), but new attaches, withdraws and detaches are left
-// to the successor.
-func (r *Reconciler) HandOver() { r.handingOver.Store(true) }
-
 // Syncing is how many Syncs are under way. A VolumeAttachment created by
 // one of them is in no cache until its answer comes or its informer
 // delivers it: a handoff is not done while one is.
 func (r *Reconciler) Syncing() int { return int(r.syncing.Load()) }
-
-// continuesOperation says whether d, during a handoff, finishes what is
-// under way rather than starting something: an attach started before (its
-// VolumeAttachment created, or an in-tree attach of unknown outcome), a
-// detach that began (retried after a failure), or the detach of an attach
-// never confirmed, which no node status lists, so that its detach needs no
-// withdrawal and leaves the successor nothing ambiguous. So does the wait
-// before such a detach (the max wait for unmount on a node that is gone),
-// and the wait before the next try of a detach that began (its node went
-// unhealthy with the volume mounted since): it keeps its timer, since the
-// handoff waits for that detach, and the decision its end brings is gated
-// again.
-func continuesOperation(d Decision) bool {
-	switch d.Action {
-	case Nothing:
-		return true
-	case Wait:
-		return d.HasAttachment && (d.Attachment.State == cache.Uncertain || !d.Attachment.DetachStarted.IsZero())
-	case Attach:
-		return d.HasAttachment && d.Attachment.State == cache.Uncertain
-	case Withdraw:
-		// Of an attach never confirmed: no report lists it.
-		return d.HasAttachment && d.Attachment.State != cache.Attached
-	case Detach:
-		return d.HasAttachment && (d.Attachment.State != cache.Attached || !d.Attachment.DetachStarted.IsZero())
-	}
-	return false
-}
 
 // New returns a Reconciler. mechanisms maps each volume kind to the
 // mechanism that attaches it.
@@ -259,7 +221,7 @@ func (r *Reconciler) Sync(ctx context.Context, k cache.Key) (res Result, err err
 func (r *Reconciler) act(ctx context.Context, d Decision, now time.Time, again bool) (Result, error) {
 	logger := klog.FromContext(ctx)
 	k := d.Key
-	if r.handingOver.Load() && !continuesOperation(d) {
+	if r.actual.HandingOver() && !handoffContinues(d) {
 		logger.V(2).Info("Handing over: left to the next controller", "action", d.Action, "reason", d.Reason)
 		return Result{}, nil
 	}

@@ -124,3 +124,46 @@ func (c Config) DeletedNodeWait() time.Duration {
 	}
 	return c.MaxWaitForUnmount
 }
+
+// The handoff rule: a controller that stops gracefully (ActualState.HandOver)
+// leaves every volume either attached and listed in its node's status, or
+// gone, for whichever controller runs next (pkg/cache/handoff.go says why).
+// It starts nothing new; it finishes what is under way.
+
+// handoffContinues says whether d, during a handoff, finishes what is under
+// way rather than starting something: an attach started before (its
+// VolumeAttachment created, or an in-tree attach of unknown outcome), a
+// detach that began (retried after a failure), or the detach of an attach
+// never confirmed, which no node status lists, so that its detach needs no
+// withdrawal and leaves the successor nothing ambiguous. So does the wait
+// before such a detach (the max wait for unmount on a node that is gone),
+// and the wait before the next try of a detach that began (its node went
+// unhealthy with the volume mounted since): it keeps its timer, since the
+// handoff waits for that detach, and the decision its end brings is gated
+// again.
+func handoffContinues(d Decision) bool {
+	switch d.Action {
+	case Nothing:
+		return true
+	case Wait:
+		return d.HasAttachment && (d.Attachment.State == cache.Uncertain || !d.Attachment.DetachStarted.IsZero())
+	case Attach:
+		return d.HasAttachment && d.Attachment.State == cache.Uncertain
+	case Withdraw:
+		// Of an attach never confirmed: no report lists it.
+		return d.HasAttachment && d.Attachment.State != cache.Attached
+	case Detach:
+		return d.HasAttachment && (d.Attachment.State != cache.Attached || !d.Attachment.DetachStarted.IsZero())
+	}
+	return false
+}
+
+// handoffFinishesAttach says whether, during a handoff with pods left to
+// read (no volume may be taken as unwanted, so none may be detached), the
+// attach of a is finished rather than left in between: an attach this
+// controller started, whose object it never saw (its call failed, or its
+// answer is not seen yet), of a volume no other node holds.
+func handoffFinishesAttach(a cache.Attachment, actual *cache.ActualState) bool {
+	return a.State == cache.Uncertain && a.Spec != nil && !a.AttachStarted.IsZero() && a.AttachmentUID == "" &&
+		len(singleNodeAccessConflict(a.Spec, a.Node, actual)) == 0
+}
