@@ -516,10 +516,15 @@ func (a *ActualState) AttachedElsewhere(names []volume.Name, node string) []Key 
 
 // KeysOn returns the key of every attachment on node.
 func (a *ActualState) KeysOn(node string) []Key {
-	ats := a.onNode(node)
-	keys := make([]Key, 0, len(ats))
-	for _, at := range ats {
-		keys = append(keys, Key{Volume: at.Volume, Node: node})
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	n := a.nodes[node]
+	if n == nil {
+		return nil
+	}
+	keys := make([]Key, 0, len(n.attachments))
+	for v := range n.attachments {
+		keys = append(keys, Key{Volume: v, Node: node})
 	}
 	return keys
 }

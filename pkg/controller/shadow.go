@@ -35,7 +35,7 @@ func (c *Controller) syncShadow(ctx context.Context, k cache.Key) error {
 		since = c.clock.Now()
 	}
 	now := c.clock.Now()
-	o := c.reconciler.Observe(k, now, since)
+	o := shadow.Observe(c.reconciler, c.actual, k, now, since)
 	v := shadow.Compare(o, c.clusterView(o.Decision), held)
 	after := t.Record(ctx, k, v, podNames(o.Pods), now)
 	if v.Kind == shadow.WouldWaitForUnmount && !o.HasAttachment && after == 0 {
@@ -73,7 +73,7 @@ func (c *Controller) mirrorStatus(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("get node %s: %w", name, err)
 	}
-	changed, dropped := c.actual.MirrorReport(name, node.Status.VolumesAttached)
+	changed, dropped := shadow.MirrorReport(c.actual, name, node.Status.VolumesAttached)
 	for _, k := range dropped {
 		if err := c.syncShadow(ctx, k); err != nil {
 			return err

@@ -216,6 +216,21 @@ func nodesOf(keys []cache.Key) string {
 
 // zone returns the health of node's zone, asked for only when a forced
 // detach by timeout is due.
+// DetachVerdict applies the detach rule (safeToDetach) to the volume at k
+// as the actual state knows its node now, its max wait for unmount counted
+// from since: for a controller that decides and does not act (shadow mode),
+// and for a volume the actual state may no longer hold.
+func (r *Reconciler) DetachVerdict(k cache.Key, since, now time.Time) Verdict {
+	node, _ := r.actual.Node(k.Node)
+	return safeToDetach(k, node, since, now, r.cfg, r.zone(node, now))
+}
+
+// HeldElsewhere returns where a single-node volume of spec is held on
+// other nodes than node (singleNodeAccessConflict).
+func (r *Reconciler) HeldElsewhere(spec *volume.Spec, node string) []cache.Key {
+	return singleNodeAccessConflict(spec, node, r.actual)
+}
+
 func (r *Reconciler) zone(node cache.NodeInfo, now time.Time) func() cache.ZoneHealth {
 	return func() cache.ZoneHealth { return r.actual.ZoneHealth(node.Zone, now, r.cfg.DeletedNodeWait()) }
 }

@@ -157,9 +157,10 @@ func New(desired *cache.DesiredState, actual *cache.ActualState, mechanisms map[
 	}
 }
 
-// noteHeld records whether the forced detach at k is held by a disrupted
-// zone, as its last decision says.
-func (r *Reconciler) noteHeld(k cache.Key, held bool) {
+// NoteHeld records whether the forced detach of the volume at k is held by
+// a disrupted zone, as its last decision says, for the gauge
+// ForcedDetachesHeld.
+func (r *Reconciler) NoteHeld(k cache.Key, held bool) {
 	if !held && r.heldCount.Load() == 0 {
 		return
 	}
@@ -211,7 +212,7 @@ func (r *Reconciler) Sync(ctx context.Context, k cache.Key) (res Result, err err
 			continue
 		}
 		logger.V(4).Info("Decided", "action", d.Action, "reason", d.Reason)
-		r.noteHeld(k, d.HeldIn != nil)
+		r.NoteHeld(k, d.HeldIn != nil)
 		return r.act(ctx, d, now, true)
 	}
 }

@@ -20,11 +20,11 @@ func singleNodeAccessConflict(spec *volume.Spec, node string, actual *cache.Actu
 	return actual.AttachedElsewhere(append(spec.AllNames(), spec.DiskName()), node)
 }
 
-// verdict is safeToDetach's answer: the force reason when a mounted volume
+// Verdict is safeToDetach's answer: the force reason when a mounted volume
 // may be detached, or a reason to wait (Wait), with the time after which to
 // look again (After; zero: wait for a change of the node) and, when a
 // forced detach by timeout is held, the zone that holds it.
-type verdict struct {
+type Verdict struct {
 	Force  string
 	After  time.Duration
 	Wait   string
@@ -49,18 +49,18 @@ type verdict struct {
 // (ZoneDisrupted; zone is asked only then): the wait then ends with the
 // zone's next expiring deletion, or with a change of its nodes. Once the
 // zone recovers, its nodes get the max wait again from then.
-func safeToDetach(k cache.Key, node cache.NodeInfo, wanted, now time.Time, cfg Config, zone func() cache.ZoneHealth) verdict {
+func safeToDetach(k cache.Key, node cache.NodeInfo, wanted, now time.Time, cfg Config, zone func() cache.ZoneHealth) Verdict {
 	if !node.Mounted(k.Volume) {
-		return verdict{}
+		return Verdict{}
 	}
 	if node.OutOfService {
-		return verdict{Force: ForceOutOfService}
+		return Verdict{Force: ForceOutOfService}
 	}
 	if node.Healthy() {
-		return verdict{Wait: fmt.Sprintf("still mounted on node %s (in node.status.volumesInUse); waiting for kubelet to unmount it", k.Node)}
+		return Verdict{Wait: fmt.Sprintf("still mounted on node %s (in node.status.volumesInUse); waiting for kubelet to unmount it", k.Node)}
 	}
 	if cfg.DisableForceDetachOnTimeout {
-		return verdict{Wait: fmt.Sprintf("still mounted on unhealthy node %s and forced detach on timeout is disabled", k.Node)}
+		return Verdict{Wait: fmt.Sprintf("still mounted on unhealthy node %s and forced detach on timeout is disabled", k.Node)}
 	}
 	maxWait := cfg.MaxWaitForUnmount
 	if !node.Exists {
@@ -68,7 +68,7 @@ func safeToDetach(k cache.Key, node cache.NodeInfo, wanted, now time.Time, cfg C
 	}
 	if elapsed := now.Sub(wanted); elapsed < maxWait {
 		left := maxWait - elapsed
-		return verdict{After: left, Wait: fmt.Sprintf("still mounted on unhealthy node %s; forced detach in %s unless it is unmounted", k.Node, left.Round(time.Second))}
+		return Verdict{After: left, Wait: fmt.Sprintf("still mounted on unhealthy node %s; forced detach in %s unless it is unmounted", k.Node, left.Round(time.Second))}
 	}
 	z := zone()
 	if ZoneDisrupted(z, cfg) {
@@ -76,17 +76,17 @@ func safeToDetach(k cache.Key, node cache.NodeInfo, wanted, now time.Time, cfg C
 		if !z.Expires.IsZero() {
 			left = z.Expires.Sub(now)
 		}
-		return verdict{After: left, Wait: fmt.Sprintf("still mounted on unhealthy node %s; forced detach held: %s", k.Node, DescribeZone(z, cfg)), HeldIn: &z}
+		return Verdict{After: left, Wait: fmt.Sprintf("still mounted on unhealthy node %s; forced detach held: %s", k.Node, DescribeZone(z, cfg)), HeldIn: &z}
 	}
 	if since := now.Sub(z.Recovered); !z.Recovered.IsZero() && since < maxWait {
 		// A partition heals node by node: the nodes not back yet get the
 		// max wait again from the zone's recovery, as the node lifecycle
 		// controller gives a zone's nodes a fresh grace period then.
 		left := maxWait - since
-		return verdict{After: left, Wait: fmt.Sprintf("still mounted on unhealthy node %s; its zone recovered from a disruption %s ago: forced detach in %s unless it is unmounted",
+		return Verdict{After: left, Wait: fmt.Sprintf("still mounted on unhealthy node %s; its zone recovered from a disruption %s ago: forced detach in %s unless it is unmounted",
 			k.Node, since.Round(time.Second), left.Round(time.Second))}
 	}
-	return verdict{Force: ForceTimeout}
+	return Verdict{Force: ForceTimeout}
 }
 
 // ZoneDisrupted enforces "a partition is not a mass death": when many

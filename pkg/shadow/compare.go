@@ -91,7 +91,7 @@ func (v Verdict) Agree() bool { return v.Kind == "" }
 // what the cluster shows. held is the kind of the disagreement already
 // pending or open on the key, so that a volume the cluster detached while we
 // would still wait stays reported until we would have detached it too.
-func Compare(o reconciler.Observation, c Cluster, held Kind) Verdict {
+func Compare(o Observation, c Cluster, held Kind) Verdict {
 	d, wait := o.Decision, o.Wait
 	v := Verdict{Ours: d.String(), Cluster: c.String()}
 	switch {

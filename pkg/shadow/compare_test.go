@@ -11,17 +11,17 @@ import (
 
 func TestCompare(t *testing.T) {
 	k := cache.Key{Volume: "kubernetes.io/csi/d^h", Node: "n1"}
-	desired := func(a reconciler.Action, reason string, pending string) reconciler.Observation {
-		return reconciler.Observation{Decision: reconciler.Decision{Key: k, Action: a, Reason: reason, Desired: true,
+	desired := func(a reconciler.Action, reason string, pending string) Observation {
+		return Observation{Decision: reconciler.Decision{Key: k, Action: a, Reason: reason, Desired: true,
 			Spec: &volume.Spec{Name: k.Volume, Pending: pending}}}
 	}
-	unwanted := func(a reconciler.Action, reason, force, wait string) reconciler.Observation {
-		return reconciler.Observation{Decision: reconciler.Decision{Key: k, Action: a, Reason: reason, Force: force}, Wait: wait}
+	unwanted := func(a reconciler.Action, reason, force, wait string) Observation {
+		return Observation{Decision: reconciler.Decision{Key: k, Action: a, Reason: reason, Force: force}, Wait: wait}
 	}
 	attached := Cluster{State: Attached, Reported: true}
 	tests := []struct {
 		name     string
-		o        reconciler.Observation
+		o        Observation
 		c        Cluster
 		held     Kind
 		want     Kind
@@ -37,12 +37,12 @@ func TestCompare(t *testing.T) {
 			c: Cluster{State: Attached, Name: "kubernetes.io/csi/ebs.csi.aws.com^vol-1"}, want: WouldNotAttach, wantOurs: "blocked: waiting for CSINode n1"},
 		{name: "the cluster attaches what we hold back", o: desired(reconciler.Attach, "attach in progress", "waiting for CSINode n1"),
 			c: Cluster{State: Attaching}, want: WouldNotAttach},
-		{name: "the cluster attached a single-node volume to a second node", o: func() reconciler.Observation {
+		{name: "the cluster attached a single-node volume to a second node", o: func() Observation {
 			o := desired(reconciler.Nothing, "attached", "")
 			o.HeldElsewhere = []cache.Key{{Volume: k.Volume, Node: "n2"}}
 			return o
 		}(), c: attached, want: WouldNotAttach, wantOurs: "blocked: volume is already exclusively attached to node n2"},
-		{name: "a single-node volume held elsewhere, not attached here: both wait", o: func() reconciler.Observation {
+		{name: "a single-node volume held elsewhere, not attached here: both wait", o: func() Observation {
 			o := desired(reconciler.Blocked, "volume is already exclusively attached to node n2", "")
 			o.HeldElsewhere = []cache.Key{{Volume: k.Volume, Node: "n2"}}
 			return o

@@ -1,15 +1,16 @@
-package reconciler
+package shadow
 
 import (
 	"time"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
 )
 
 // Observation is a decision taken by a controller that watches and does not
-// act (shadow mode), with the safety rule's verdict on a detach.
+// act, with the detach rule's verdict on a volume no pod wants.
 type Observation struct {
-	Decision
+	reconciler.Decision
 	// Wait, for a volume no pod wants on the node, says why it would not be
 	// detached now (still mounted on a healthy node, the max wait for
 	// unmount not over); empty when it would be.
@@ -23,29 +24,29 @@ type Observation struct {
 	HeldElsewhere []cache.Key
 }
 
-// Observe decides as Sync does and keeps the one record Sync keeps for its
-// timers, when the detach of a volume was first wanted (the start of the max
-// wait for unmount); it acts on nothing. since stands for that time when the
-// actual state no longer holds the volume (someone else detached it); zero:
-// now.
-func (r *Reconciler) Observe(k cache.Key, now, since time.Time) Observation {
+// Observe decides as the reconciler's Sync does and keeps the one record
+// Sync keeps for its timers, when the detach of a volume was first wanted
+// (the start of the max wait for unmount); it acts on nothing. since stands
+// for that time when the actual state no longer holds the volume (the
+// other controller detached it); zero: now.
+func Observe(r *reconciler.Reconciler, actual *cache.ActualState, k cache.Key, now, since time.Time) Observation {
 	d := r.Decide(k, now)
 	o := Observation{Decision: d}
 	if d.Desired || r.Wanted(k) {
 		if d.Spec != nil {
-			o.HeldElsewhere = singleNodeAccessConflict(d.Spec, k.Node, r.actual)
+			o.HeldElsewhere = r.HeldElsewhere(d.Spec, k.Node)
 		}
 		if d.HasAttachment && !d.Attachment.DetachWanted.IsZero() {
-			r.actual.Update(k, false, func(a *cache.Attachment) { a.DetachWanted = time.Time{} })
+			actual.Update(k, false, func(a *cache.Attachment) { a.DetachWanted = time.Time{} })
 		}
-		r.noteHeld(k, false)
+		r.NoteHeld(k, false)
 		return o
 	}
 	if d.HasAttachment {
 		since = d.Attachment.DetachWanted
 		if since.IsZero() {
 			since = now
-			r.actual.Update(k, false, func(a *cache.Attachment) {
+			actual.Update(k, false, func(a *cache.Attachment) {
 				if a.DetachWanted.IsZero() {
 					a.DetachWanted = now
 				}
@@ -55,9 +56,8 @@ func (r *Reconciler) Observe(k cache.Key, now, since time.Time) Observation {
 	if since.IsZero() {
 		since = now
 	}
-	node, _ := r.actual.Node(k.Node)
-	v := safeToDetach(k, node, since, now, r.cfg, r.zone(node, now))
+	v := r.DetachVerdict(k, since, now)
 	o.WaitAfter, o.Wait, o.HeldIn = v.After, v.Wait, v.HeldIn
-	r.noteHeld(k, v.HeldIn != nil)
+	r.NoteHeld(k, v.HeldIn != nil)
 	return o
 }

@@ -1,13 +1,14 @@
-package cache
+package shadow
 
 import (
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
-// MirrorReport records node.status.volumesAttached as another controller
-// wrote it, for a controller that writes nothing (shadow mode): the
+// MirrorReport records node.status.volumesAttached as the other controller
+// wrote it in the actual state of a controller that writes nothing: the
 // cluster's report is then the record of what the node has attached. A
 // listed volume counts as reported; an in-tree one is attached (node.status
 // is its only record), a CSI one the VolumeAttachments know better (with
@@ -16,15 +17,15 @@ import (
 // that it no longer lists: the other controller took them out to detach
 // them. Those are marked Detaching; the caller deletes them once it has
 // looked at them.
-func (a *ActualState) MirrorReport(node string, listed []v1.AttachedVolume) (changed, dropped []Key) {
+func MirrorReport(a *cache.ActualState, node string, listed []v1.AttachedVolume) (changed, dropped []cache.Key) {
 	in := make(map[volume.Name]v1.AttachedVolume, len(listed))
 	for _, av := range listed {
 		in[volume.Name(av.Name)] = av
 	}
 	for name, av := range in {
-		k := Key{Volume: name, Node: node}
+		k := cache.Key{Volume: name, Node: node}
 		plugin, _, _ := volume.Parse(name)
-		if a.Update(k, true, func(at *Attachment) {
+		if a.Update(k, true, func(at *cache.Attachment) {
 			at.Reported = true
 			if at.AttachmentName != "" {
 				return
@@ -34,42 +35,31 @@ func (a *ActualState) MirrorReport(node string, listed []v1.AttachedVolume) (cha
 			at.Kind = volume.KindCSI
 			if plugin != volume.CSIPluginName {
 				at.Kind = volume.KindInTree
-				at.State = Attached
+				at.State = cache.Attached
 			}
 		}) {
 			changed = append(changed, k)
 		}
 	}
-	for _, at := range a.onNode(node) {
-		if _, ok := in[at.Volume]; ok {
+	for _, k := range a.KeysOn(node) {
+		if _, ok := in[k.Volume]; ok {
+			continue
+		}
+		at, ok := a.Get(k)
+		if !ok {
 			continue
 		}
 		if at.AttachmentName == "" {
-			a.Update(at.Key, false, func(at *Attachment) {
+			a.Update(k, false, func(at *cache.Attachment) {
 				at.Reported = false
-				at.State = Detaching
+				at.State = cache.Detaching
 			})
-			dropped = append(dropped, at.Key)
+			dropped = append(dropped, k)
 			continue
 		}
-		if a.Update(at.Key, false, func(at *Attachment) { at.Reported = false }) {
-			changed = append(changed, at.Key)
+		if a.Update(k, false, func(at *cache.Attachment) { at.Reported = false }) {
+			changed = append(changed, k)
 		}
 	}
 	return changed, dropped
-}
-
-// onNode returns copies of the node's attachments.
-func (a *ActualState) onNode(node string) []Attachment {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	n := a.nodes[node]
-	if n == nil {
-		return nil
-	}
-	out := make([]Attachment, 0, len(n.attachments))
-	for _, at := range n.attachments {
-		out = append(out, *at)
-	}
-	return out
 }
