@@ -128,7 +128,7 @@ func BenchmarkDesiredStateStats(b *testing.B) {
 	d := benchDesired(b)
 	b.ReportAllocs()
 	for b.Loop() {
-		d.Stats(func(string) bool { return true })
+		d.Stats()
 	}
 }
 

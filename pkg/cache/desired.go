@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"maps"
 	"slices"
 	"sync"
 
@@ -24,9 +25,12 @@ type DesiredState struct {
 	// wanted" for a volume attached under an alias, and finds the keys a
 	// change of that name concerns.
 	names map[volume.Name]nameUses
-	// counts counts entries per node as they change, so that a metrics
-	// scrape reads a few numbers a node instead of every entry (Stats).
-	counts map[string]*entryCounts
+	// counts counts entries per node as they change, and totals those of
+	// the nodes whose wants count (SetCounted), so that a metrics scrape
+	// reads a few numbers instead of every entry (Stats).
+	counts  map[string]*entryCounts
+	counted map[string]bool
+	totals  entryCounts
 	// partial: not every pod has been read since the controller started
 	// (SetPartial), so a volume no pod wants here may yet be wanted by a
 	// pod not read so far.
@@ -160,6 +164,8 @@ func NewDesiredState() *DesiredState {
 		entries: map[Key]*desiredEntry{},
 		names:   map[volume.Name]nameUses{},
 		counts:  map[string]*entryCounts{},
+		counted: map[string]bool{},
+		totals:  entryCounts{byPlugin: map[string]int{}},
 	}
 }
 
@@ -287,7 +293,7 @@ func (d *DesiredState) addLocked(pod PodRef, node string, s *volume.Spec) {
 	if e == nil {
 		e = &desiredEntry{}
 		d.entries[k] = e
-		d.countLocked(node, func(c *entryCounts) { c.byPlugin[volume.MetricPluginName(k.Volume)]++ })
+		d.countLocked(node, volume.MetricPluginName(k.Volume), 1, 0)
 	}
 	d.setSpecLocked(node, e, s)
 	if i := podIndex(e.pods, pod); i >= 0 {
@@ -311,12 +317,7 @@ func (d *DesiredState) removeLocked(pod PodRef, node string, s *volume.Spec) {
 		if len(e.pods) == 0 {
 			delete(d.entries, k)
 			d.setSpecLocked(node, e, nil)
-			plugin := volume.MetricPluginName(k.Volume)
-			d.countLocked(node, func(c *entryCounts) {
-				if c.byPlugin[plugin]--; c.byPlugin[plugin] <= 0 {
-					delete(c.byPlugin, plugin)
-				}
-			})
+			d.countLocked(node, volume.MetricPluginName(k.Volume), -1, 0)
 		}
 	}
 	for _, n := range s.AllNames() {
@@ -404,34 +405,61 @@ func (d *DesiredState) Keys() []Key {
 	return keys
 }
 
-// Stats counts the desired volumes on the nodes counted says count, by
-// metric plugin name, and those whose mechanism is still undecided (waiting
-// for node information).
-func (d *DesiredState) Stats(counted func(node string) bool) (byPlugin map[string]int, pending int) {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	byPlugin = map[string]int{}
-	for node, c := range d.counts {
-		if !counted(node) {
-			continue
-		}
-		for p, n := range c.byPlugin {
-			byPlugin[p] += n
-		}
-		pending += c.pending
+// SetCounted says whether what pods want on node counts in Stats: the node
+// exists and is managed.
+func (d *DesiredState) SetCounted(node string, counted bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.counted[node] == counted {
+		return
 	}
-	return byPlugin, pending
+	sign := -1
+	if counted {
+		sign = 1
+		d.counted[node] = true
+	} else {
+		delete(d.counted, node)
+	}
+	if c := d.counts[node]; c != nil {
+		for p, n := range c.byPlugin {
+			d.totals.add(p, sign*n, 0)
+		}
+		d.totals.add("", 0, sign*c.pending)
+	}
 }
 
-// countLocked changes node's counts with change, and forgets them once they
-// are all zero.
-func (d *DesiredState) countLocked(node string, change func(*entryCounts)) {
+// Stats counts the desired volumes on the nodes that count (SetCounted), by
+// metric plugin name, and those whose mechanism is still undecided (waiting
+// for node information).
+func (d *DesiredState) Stats() (byPlugin map[string]int, pending int) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return maps.Clone(d.totals.byPlugin), d.totals.pending
+}
+
+// add adds n entries of plugin ("" for none) and pending undecided ones.
+func (c *entryCounts) add(plugin string, n, pending int) {
+	if plugin != "" {
+		if c.byPlugin[plugin] += n; c.byPlugin[plugin] <= 0 {
+			delete(c.byPlugin, plugin)
+		}
+	}
+	c.pending += pending
+}
+
+// countLocked adds n entries of plugin and pending undecided ones to node's
+// counts, and to the totals when the node counts; a node's counts go once
+// they are all zero.
+func (d *DesiredState) countLocked(node, plugin string, n, pending int) {
 	c := d.counts[node]
 	if c == nil {
 		c = &entryCounts{byPlugin: map[string]int{}}
 		d.counts[node] = c
 	}
-	change(c)
+	c.add(plugin, n, pending)
+	if d.counted[node] {
+		d.totals.add(plugin, n, pending)
+	}
 	if c.pending == 0 && len(c.byPlugin) == 0 {
 		delete(d.counts, node)
 	}
@@ -441,14 +469,11 @@ func (d *DesiredState) countLocked(node string, change func(*entryCounts)) {
 // going), keeping the count of undecided ones.
 func (d *DesiredState) setSpecLocked(node string, e *desiredEntry, s *volume.Spec) {
 	was, is := e.spec != nil && e.spec.Pending != "", s != nil && s.Pending != ""
-	if was != is {
-		d.countLocked(node, func(c *entryCounts) {
-			if is {
-				c.pending++
-			} else {
-				c.pending--
-			}
-		})
+	switch {
+	case is && !was:
+		d.countLocked(node, "", 0, 1)
+	case was && !is:
+		d.countLocked(node, "", 0, -1)
 	}
 	e.spec = s
 }

@@ -384,6 +384,7 @@ func TestDesiredStateStats(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d := NewDesiredState()
+			d.SetCounted("n1", true)
 			for name, specs := range tt.pods {
 				d.SetPod(PodRef{Namespace: "ns", Name: name}, "n1", specs)
 			}
@@ -391,15 +392,20 @@ func TestDesiredStateStats(t *testing.T) {
 			for name, specs := range tt.pods {
 				d.SetPod(PodRef{Namespace: "other", Name: name}, "n2", specs)
 			}
-			byPlugin, pending := d.Stats(func(node string) bool { return node == "n1" })
+			byPlugin, pending := d.Stats()
 			if !reflect.DeepEqual(byPlugin, tt.wantPlugin) || pending != tt.wantPending {
 				t.Errorf("Stats() = %v, %d; want %v, %d", byPlugin, pending, tt.wantPlugin, tt.wantPending)
 			}
+			d.SetCounted("n1", false)
+			if byPlugin, pending := d.Stats(); len(byPlugin) != 0 || pending != 0 {
+				t.Errorf("no node counts: Stats() = %v, %d", byPlugin, pending)
+			}
+			d.SetCounted("n1", true)
 			for name := range tt.pods {
 				d.DeletePod("other/" + name)
 				d.DeletePod("ns/" + name)
 			}
-			if byPlugin, pending := d.Stats(func(string) bool { return true }); len(byPlugin) != 0 || pending != 0 || len(d.counts) != 0 {
+			if byPlugin, pending := d.Stats(); len(byPlugin) != 0 || pending != 0 || len(d.counts) != 0 {
 				t.Errorf("every pod gone: Stats() = %v, %d, counts of %d nodes", byPlugin, pending, len(d.counts))
 			}
 		})

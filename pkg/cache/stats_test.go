@@ -23,6 +23,7 @@ func TestStatsMatchAFullCount(t *testing.T) {
 	nodes := []string{"n1", "n2", "n3"}
 	states := []State{Uncertain, Attached, Detaching}
 	d, a := NewDesiredState(), NewActualState()
+	counted := map[string]bool{}
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for step := range 5000 {
 		pod := PodRef{Namespace: "ns", Name: fmt.Sprintf("p%d", rng.Intn(6)), UID: fmt.Sprint(rng.Intn(2))}
@@ -50,11 +51,15 @@ func TestStatsMatchAFullCount(t *testing.T) {
 			a.Delete(k)
 		}
 
-		// n3 does not count (unmanaged, or gone).
-		counted := func(node string) bool { return node != "n3" }
+		// A node counts (it exists and is managed) for a while, then not.
+		if rng.Intn(20) == 0 {
+			n := nodes[rng.Intn(len(nodes))]
+			counted[n] = !counted[n]
+			d.SetCounted(n, counted[n])
+		}
 		wantPlugins, wantPending := map[string]int{}, 0
 		for k, e := range d.entries {
-			if !counted(k.Node) {
+			if !counted[k.Node] {
 				continue
 			}
 			wantPlugins[volume.MetricPluginName(k.Volume)]++
@@ -62,7 +67,7 @@ func TestStatsMatchAFullCount(t *testing.T) {
 				wantPending++
 			}
 		}
-		gotPlugins, gotPending := d.Stats(counted)
+		gotPlugins, gotPending := d.Stats()
 		if !maps.Equal(gotPlugins, wantPlugins) || gotPending != wantPending {
 			t.Fatalf("step %d: desired Stats() = %v, %d; a full count says %v, %d", step, gotPlugins, gotPending, wantPlugins, wantPending)
 		}

@@ -322,12 +322,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(metrics.NewStateCollector(metrics.State{
-			Desired: func() (map[string]int, int) {
-				return c.desired.Stats(func(node string) bool {
-					n, ok := c.actual.Node(node)
-					return ok && n.Exists && n.Managed
-				})
-			},
+			Desired: c.desired.Stats,
 			Actual: c.actual.Stats,
 			Attachments: func() (map[string]int, time.Time) {
 				byState, oldest := c.actual.StateStats()

@@ -269,3 +269,34 @@ func TestExplainNodeWaitingForItsPods(t *testing.T) {
 		t.Errorf("explained %q, want %q", e.Reason, want)
 	}
 }
+
+// The desired volumes the metrics count are those of nodes that exist and
+// are managed: a pod's want on a node that is not managed, or gone, is
+// recorded but not counted.
+func TestDesiredVolumesCountedOnManagedNodesOnly(t *testing.T) {
+	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), pod("pod-a", "node-1", "claim-a")}
+	f := newFixture(t, append(vol, node("node-1", unmanaged))...)
+	f.syncFirst("node-1", nil, "default/pod-a")
+	count := func() int {
+		byPlugin, _ := f.c.desired.Stats()
+		n := 0
+		for _, v := range byPlugin {
+			n += v
+		}
+		return n
+	}
+	if n := count(); n != 0 {
+		t.Errorf("unmanaged node: %d desired volumes counted, want 0", n)
+	}
+	f.load(append(vol, node("node-1", resourceVersion("11")))...)
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	if n := count(); n != 1 {
+		t.Errorf("managed node: %d desired volumes counted, want 1", n)
+	}
+	f.load(vol...)
+	f.c.nodeDeleted(node("node-1", resourceVersion("11")))
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	if n := count(); n != 0 {
+		t.Errorf("deleted node: %d desired volumes counted, want 0", n)
+	}
+}

@@ -53,6 +53,7 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 		// Without its last state (a relist found it gone), what it had
 		// mounted is unknown.
 		c.touch(c.actual.DeleteNode(name, last != nil, c.clock.Now())...)
+		c.countNode(name)
 		if wait := c.cfg.Reconciler.DeletedNodeWait(); n.Exists && n.Managed && wait > 0 {
 			// It stops counting in its zone's health after the max wait:
 			// its sync then looks at the zone again.
@@ -99,7 +100,16 @@ func (c *Controller) setNode(ctx context.Context, name string, info cache.NodeIn
 	if turnedManaged {
 		keys = append(keys, c.desired.KeysOn(name)...)
 	}
+	c.countNode(name)
 	return keys
+}
+
+// countNode says to the desired state's metrics whether what pods want on
+// the node counts: it exists and is managed. Every change of a node's facts
+// ends with it (setNode, a deletion, a status write that found it gone).
+func (c *Controller) countNode(name string) {
+	n, ok := c.actual.Node(name)
+	c.desired.SetCounted(name, ok && n.Exists && n.Managed)
 }
 
 // unreadPods counts the pods the informer lists on node, not terminated,

@@ -69,6 +69,8 @@ func (c *Controller) worker(queue string) func(context.Context) {
 
 func (c *Controller) syncStatus(ctx context.Context, node string) error {
 	keys, after, err := c.writer.Sync(ctx, node)
+	// The write may have found the node gone (Writer.Sync).
+	c.countNode(node)
 	for _, k := range keys {
 		c.volumeQueue.Add(k)
 	}
