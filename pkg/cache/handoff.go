@@ -64,16 +64,6 @@ func (a *ActualState) toWriteLocked() []string {
 	return nodes
 }
 
-// reportLocked says whether the node report lists at: an attached volume not
-// withdrawn for a detach or, during a handoff, one whose detach has not
-// started.
-func reportLocked(at *Attachment, handingOver bool) bool {
-	if at.State != Attached {
-		return false
-	}
-	return !at.Withdrawn || (handingOver && at.DetachStarted.IsZero())
-}
-
 // Unsettled lists what a successor would find ambiguous (at most limit
 // entries, sorted) and how many there are in all: attaches and detaches under
 // way, and attached volumes that their node's status does not list yet (or
