@@ -287,10 +287,10 @@ func (h *harness) startController() {
 		"--leader-elect-resource-namespace=default",
 		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms")
 	if c != nil {
-		h.note("replica %s started (pid %d)", c.Name, c.Pid())
+		h.note("replica %s started (pid %d)", c.Process.Name, c.Process.Pid())
 		h.mu.Lock()
 		h.controllers = append(h.controllers, c)
-		h.logs = append(h.logs, c.LogPath)
+		h.logs = append(h.logs, c.Process.LogPath)
 		h.mu.Unlock()
 	}
 	if err != nil {
@@ -494,8 +494,8 @@ func (h *harness) inject(kind string, m relistMark) {
 			}
 		}
 		if victim != nil {
-			h.note("SIGKILL of replica %s", victim.Name)
-			_ = victim.Kill()
+			h.note("SIGKILL of replica %s", victim.Process.Name)
+			_ = victim.Process.Kill()
 		}
 		h.running()
 	case faultAPIServer:
@@ -571,7 +571,7 @@ func (h *harness) cutOver() {
 	}
 	h.mu.Lock()
 	for _, c := range h.controllers {
-		_ = c.Terminate(30 * time.Second)
+		_ = c.Process.Terminate(30 * time.Second)
 	}
 	h.controllers = nil
 	h.mu.Unlock()

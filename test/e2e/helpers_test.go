@@ -112,7 +112,7 @@ func (e *env) cleanup() {
 		}
 	}
 	for _, c := range e.controllers {
-		if err := c.Stop(stack.StopGrace); err != nil {
+		if err := c.Process.Stop(stack.StopGrace); err != nil {
 			e.t.Error(err)
 		}
 	}

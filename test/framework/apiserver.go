@@ -129,7 +129,7 @@ func waitForReadyz(ctx context.Context, p *Process, config *rest.Config) error {
 	if err != nil {
 		return fmt.Errorf("create readiness client: %w", err)
 	}
-	return waitFor(ctx, p, "kube-apiserver /readyz", func(ctx context.Context) bool {
+	return waitFor(ctx, p.ExitError, "kube-apiserver /readyz", func(ctx context.Context) bool {
 		_, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err == nil
 	})

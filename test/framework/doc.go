@@ -10,6 +10,11 @@
 // component. Where a test needs the CSI external-attacher, an Attacher
 // stands in for it.
 //
+// The controller under test runs through StartController (StartControllerT
+// for one test): in this process (app.Run) or as its binary, with one way to
+// wait for it to be ready and one Stop that says whether it ended cleanly,
+// whichever the test package.
+//
 // Lifetime. Children run in their own process group, which Stop kills, and
 // with a parent-death signal, so that a test binary that dies (a panic in a
 // test, -timeout) takes them along. The temp directory of such a binary cannot

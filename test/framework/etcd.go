@@ -63,7 +63,7 @@ func startEtcd(ctx context.Context, binary, dir string, extraFlags []string) (*P
 		if err != nil {
 			return nil, "", err
 		}
-		err = waitFor(ctx, p, "etcd health", func(ctx context.Context) bool { return etcdHealthy(ctx, clientURL) })
+		err = waitFor(ctx, p.ExitError, "etcd health", func(ctx context.Context) bool { return etcdHealthy(ctx, clientURL) })
 		if err == nil {
 			logger.V(1).Info("Etcd is serving", "url", clientURL, "pid", p.Pid())
 			return p, clientURL, nil

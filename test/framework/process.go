@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"testing"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -37,7 +38,8 @@ const (
 // its stdout and stderr in one log file. The kernel kills it if the test
 // binary dies first (Pdeathsig). Every test package starts its programs
 // with it: the cluster's etcd and kube-apiserver, the end-to-end stack, the
-// benchmark's controllers, a test's controller (StartProcess).
+// benchmark's controllers, the controller binary under test (Controller), a
+// test's other programs (StartProcess).
 type Process struct {
 	Name    string
 	LogPath string
@@ -47,8 +49,8 @@ type Process struct {
 	exited  chan struct{} // closed once the child has been reaped
 	waitErr error         // set before exited is closed
 
-	// stopping is set by Terminate and Stop: the exit that follows is no
-	// crash.
+	// stopping is set by Terminate, Kill and Stop: the exit that follows
+	// is no crash.
 	stopping atomic.Bool
 	closeLog sync.Once
 }
@@ -57,17 +59,21 @@ type Process struct {
 // output appended to logPath (so that the log of an attempt that lost a
 // port race stays).
 func StartLogged(name, logPath, binary string, args ...string) (*Process, error) {
-	return start(name, logPath, filepath.Dir(logPath), binary, args...)
+	return start(name, logPath, filepath.Dir(logPath), nil, binary, args...)
 }
 
-// start is StartLogged in workDir ("": the test's).
-func start(name, logPath, workDir, binary string, args ...string) (*Process, error) {
+// start is StartLogged in workDir ("": the test's), with env ("NAME=value")
+// added to the environment.
+func start(name, logPath, workDir string, env []string, binary string, args ...string) (*Process, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("open log of %s: %w", name, err)
 	}
 	cmd := exec.Command(binary, args...)
 	cmd.Dir = workDir
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// Own process group: Kill ends the child and whatever it started, and a
 	// signal to the test's group (Ctrl-C) does not reach it: the test
@@ -82,6 +88,28 @@ func start(name, logPath, workDir, binary string, args ...string) (*Process, err
 		close(p.exited)
 	}()
 	return p, nil
+}
+
+// StartProcess starts binary with args for test t, in the test's working
+// directory; its output goes to a log of its own (Output). It is killed at
+// the end of the test if still running, and its log is echoed to the test
+// log when the test fails.
+func StartProcess(t testing.TB, binary string, args ...string) *Process {
+	t.Helper()
+	name := filepath.Base(binary)
+	p, err := start(name, filepath.Join(t.TempDir(), name+".log"), "", nil, binary, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Stop(0); err != nil {
+			t.Error(err)
+		}
+		if t.Failed() {
+			t.Logf("output of %s %s:\n%s", name, strings.Join(args, " "), p.Output())
+		}
+	})
+	return p
 }
 
 func startProcess(ctx context.Context, dir, name, binary string, args ...string) (*Process, error) {
@@ -124,7 +152,7 @@ func (p *Process) ExitCode() int {
 	}
 }
 
-// Stopped says whether Terminate or Stop was called: an exit is then
+// Stopped says whether Terminate, Kill or Stop was called: an exit is then
 // expected.
 func (p *Process) Stopped() bool { return p.stopping.Load() }
 
@@ -149,6 +177,7 @@ func (p *Process) Terminate(timeout time.Duration) error {
 
 // Kill sends SIGKILL to the process group and reaps the process.
 func (p *Process) Kill() error {
+	p.stopping.Store(true)
 	if err := syscall.Kill(-p.Pid(), syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("kill %s process group %d: %w", p.Name, p.Pid(), err)
 	}
@@ -338,15 +367,16 @@ func removeStaleDirs(ctx context.Context) {
 	}
 }
 
-// waitFor polls check until it reports done, the process exits, or ctx ends.
-func waitFor(ctx context.Context, p *Process, what string, check func(context.Context) bool) error {
+// waitFor polls check until it reports done, ended says the process has
+// ended (Process.ExitError, Controller.Err), or ctx ends.
+func waitFor(ctx context.Context, ended func() error, what string, check func(context.Context) bool) error {
 	ticker := time.NewTicker(100 * time.Millisecond)
 	defer ticker.Stop()
 	for {
 		if check(ctx) {
 			return nil
 		}
-		if err := p.ExitError(); err != nil {
+		if err := ended(); err != nil {
 			return fmt.Errorf("wait for %s: %w", what, err)
 		}
 		select {

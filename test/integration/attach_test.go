@@ -200,5 +200,5 @@ func TestAttachError(t *testing.T) {
 	if _, listed, err := e.attachedInStatus(node, framework.CSIVolumeName(driver, "fail-x")); err != nil || listed {
 		t.Errorf("node status lists a volume that failed to attach (err %v)", err)
 	}
-	ctrl.assertRunning(t)
+	assertRunning(t, ctrl)
 }

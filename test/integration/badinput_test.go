@@ -109,7 +109,7 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("pod %s: unexpected warnings %q", pod, warnings)
 		}
 	}
-	ctrl.assertRunning(t)
+	assertRunning(t, ctrl)
 
 	// The waiting claim gets bound: its volume attaches.
 	unbound := framework.PVC(e.ns, "unbound", "")
@@ -125,5 +125,5 @@ func TestBadInput(t *testing.T) {
 	}
 	e.setClaimBound(claim.Name)
 	e.waitAttached(driver, "vol-late", node)
-	ctrl.assertRunning(t)
+	assertRunning(t, ctrl)
 }

@@ -34,7 +34,7 @@ const (
 
 // startControllerVia runs the controller with its API calls and watches
 // going through p.
-func (e *env) startControllerVia(p *apiProxy, configure func(*app.Options)) *controllerProc {
+func (e *env) startControllerVia(p *apiProxy, configure func(*app.Options)) *framework.Controller {
 	e.t.Helper()
 	return e.startController(func(o *app.Options) {
 		o.Kubeconfig = p.kubeconfig

@@ -54,13 +54,15 @@ func TestHandoffOnGracefulStop(t *testing.T) {
 	stopStart := time.Now()
 	go func() {
 		defer close(stopped)
-		first.stop(t)
+		if err := first.Stop(stopTimeout); err != nil {
+			t.Error(err)
+		}
 	}()
 	// Asked to stop, it still waits for the detach under way. A pod deleted
 	// now keeps its volume attached and listed.
 	e.deletePod("pod-kept")
 	framework.Consistently(t, 3*time.Second, func() error {
-		if !first.running() {
+		if !first.Running() {
 			return fmt.Errorf("Run returned with a detach still under way")
 		}
 		if err := kw.intact(); err != nil {
@@ -113,7 +115,9 @@ func TestHandoffTimeout(t *testing.T) {
 		return ok && va.Status.AttachError != nil, err
 	}, "attach of fail-1 failing")
 	start := time.Now()
-	c.stop(t)
+	if err := c.Stop(stopTimeout); err != nil {
+		t.Fatal(err)
+	}
 	took := time.Since(start)
 	if took < timeout || took > timeout+10*time.Second {
 		t.Errorf("stop took %s, want about the handoff timeout %s", took, timeout)

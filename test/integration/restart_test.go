@@ -41,7 +41,9 @@ func TestRestartNoSpuriousDetach(t *testing.T) {
 	}
 	e.waitAttached(driver, "vol-gone", node)
 
-	first.stop(t)
+	if err := first.Stop(stopTimeout); err != nil {
+		t.Fatal(err)
+	}
 	// The kept volumes are deliberately not in volumesInUse: nothing but the
 	// controller's own state protects them from a spurious detach.
 	var watches []*vaWatch
@@ -82,5 +84,5 @@ func TestRestartNoSpuriousDetach(t *testing.T) {
 	// Give the restarted controller time to act on anything it may have got
 	// wrong about the kept volumes.
 	framework.Consistently(t, quietPeriod, keptIntact, "the kept volumes to stay attached")
-	second.assertRunning(t)
+	assertRunning(t, second)
 }

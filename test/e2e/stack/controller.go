@@ -20,9 +20,9 @@ import (
 	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
-// Controller is a running attach-detach-controller.
+// Controller is a running attach-detach-controller binary.
 type Controller struct {
-	*Process
+	*framework.Controller
 	// URL is its secure port, as a cluster's Prometheus and operators reach
 	// it: /metrics, /healthz, /readyz, /explain over HTTPS.
 	URL string
@@ -62,32 +62,37 @@ func (s *Stack) startController(ctx context.Context, extraArgs []string) (*Contr
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{
-		"--kubeconfig=" + s.Cluster.Kubeconfig,
-		"--leader-elect=false",
-		"--bind-address=127.0.0.1",
-		"--secure-port=" + strconv.Itoa(port),
-		"--cert-dir=" + certDir,
-		"-v=2",
-	}, extraArgs...)
-	p, err := s.start(ControllerBinary, s.controllerBin, args...)
-	if err != nil {
-		return nil, err
-	}
 	c := &Controller{
-		Process:  p,
 		URL:      "https://127.0.0.1:" + strconv.Itoa(port),
 		Token:    s.Cluster.Config.BearerToken,
 		CertFile: filepath.Join(certDir, "attach-detach-controller.crt"),
 	}
-	err = poll(ctx, startTimeout, p, "/readyz of "+p.Name, func(ctx context.Context) (bool, error) {
-		_, code, err := c.get(ctx, "/readyz")
-		return err == nil && code == http.StatusOK, nil
+	name, logPath := s.logName(ControllerBinary)
+	c.Controller, err = framework.StartController(ctx, framework.ControllerOptions{
+		Name:       name,
+		Binary:     s.controllerBin,
+		LogPath:    logPath,
+		Kubeconfig: s.Cluster.Kubeconfig,
+		Args: append([]string{
+			"--leader-elect=false",
+			"--bind-address=127.0.0.1",
+			"--secure-port=" + strconv.Itoa(port),
+			"--cert-dir=" + certDir,
+			"-v=2",
+		}, extraArgs...),
+		Ready: func(ctx context.Context) bool {
+			_, code, err := c.get(ctx, "/readyz")
+			return err == nil && code == http.StatusOK
+		},
 	})
 	if err != nil {
+		return nil, err
+	}
+	s.track(c.Process)
+	if err := c.WaitReady(ctx, startTimeout); err != nil {
 		return c, err
 	}
-	s.logger.V(1).Info("Controller ready", "url", c.URL, "pid", p.Pid(), "log", p.LogPath)
+	s.logger.V(1).Info("Controller ready", "url", c.URL, "pid", c.Process.Pid(), "log", c.Process.LogPath)
 	return c, nil
 }
 

@@ -171,24 +171,35 @@ func (s *Stack) startDriver(ctx context.Context, mockBin, attacherBin, driver st
 	return nil
 }
 
-// start starts a process whose log is named after name, numbered from the
-// second start of the same name on.
+// start starts a process whose log is named after name (logName).
 func (s *Stack) start(name, binary string, args ...string) (*Process, error) {
+	name, logPath := s.logName(name)
+	p, err := framework.StartLogged(name, logPath, binary, args...)
+	if err != nil {
+		return nil, err
+	}
+	s.track(p)
+	return p, nil
+}
+
+// logName returns name, numbered from its second start on, and the path of
+// its log in the stack's directory.
+func (s *Stack) logName(name string) (string, string) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.started[name]++
 	if n := s.started[name]; n > 1 {
 		name = name + "-" + strconv.Itoa(n)
 	}
-	s.mu.Unlock()
-	p, err := framework.StartLogged(name, filepath.Join(s.Cluster.Dir, name+".log"), binary, args...)
-	if err != nil {
-		return nil, err
-	}
+	return name, filepath.Join(s.Cluster.Dir, name+".log")
+}
+
+// track adds p to the processes Stop stops.
+func (s *Stack) track(p *Process) {
 	s.mu.Lock()
 	s.processes = append(s.processes, p)
 	s.mu.Unlock()
-	s.logger.V(2).Info("Started process", "name", name, "pid", p.Pid(), "log", p.LogPath)
-	return p, nil
+	s.logger.V(2).Info("Started process", "name", p.Name, "pid", p.Pid(), "log", p.LogPath)
 }
 
 // Processes returns every process started, running or not, in start order.

@@ -5,13 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
-	"io"
-	"net/http"
-	"os/exec"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -38,36 +33,13 @@ const (
 	startTimeout = time.Minute
 )
 
-// controller is one run of the controller binary.
-type controller struct {
-	p   *framework.Process
-	url string
-}
-
 // startController runs the binary as the Deployment runs it: with the
 // container's arguments, except that the HTTP endpoint listens on a free
 // loopback port and the Lease is short, so that a successor in the next test
-// does not wait long after a replica that was killed.
-func startController(t *testing.T, r *rendered, kubeconfig string) *controller {
+// does not wait long after a replica that was killed. extraArgs are
+// appended, env ("NAME=value") is added to its environment.
+func startController(t *testing.T, r *rendered, kubeconfig string, extraArgs []string, env ...string) *framework.Controller {
 	t.Helper()
-	return startControllerEnv(t, r, kubeconfig)
-}
-
-// startControllerEnv is startController with environment variables set
-// ("NAME=value").
-func startControllerEnv(t *testing.T, r *rendered, kubeconfig string, env ...string) *controller {
-	t.Helper()
-	return startControllerWith(t, r, kubeconfig, nil, env...)
-}
-
-// startControllerWith is startControllerEnv with extra arguments.
-func startControllerWith(t *testing.T, r *rendered, kubeconfig string, extraArgs []string, env ...string) *controller {
-	t.Helper()
-	port, err := framework.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	var args []string
 	for _, a := range r.args(t) {
 		if !strings.HasPrefix(a, "--http-endpoint=") && !strings.HasPrefix(a, "--secure-port=") {
@@ -75,8 +47,6 @@ func startControllerWith(t *testing.T, r *rendered, kubeconfig string, extraArgs
 		}
 	}
 	args = append(args,
-		"--kubeconfig="+kubeconfig,
-		"--http-endpoint="+addr,
 		// The secure port and its readers are tested in
 		// test/integration/process; here the plain endpoint is scraped.
 		"--secure-port=0",
@@ -84,58 +54,34 @@ func startControllerWith(t *testing.T, r *rendered, kubeconfig string, extraArgs
 		"--leader-elect-renew-deadline=3s",
 		"--leader-elect-retry-period=500ms",
 	)
-	args = append(args, extraArgs...)
-	if len(env) == 0 {
-		return &controller{p: framework.StartProcess(t, binary, args...), url: "http://" + addr}
-	}
-	// env(1) execs the binary in its place: same process, same group.
-	envBin, err := exec.LookPath("env")
-	if err != nil {
-		t.Fatal(err)
-	}
-	args = append(append(env, binary), args...)
-	return &controller{p: framework.StartProcess(t, envBin, args...), url: "http://" + addr}
+	return framework.StartControllerT(t, framework.ControllerOptions{
+		Binary:     binary,
+		Kubeconfig: kubeconfig,
+		HTTP:       true,
+		Args:       append(args, extraArgs...),
+		Env:        env,
+	})
 }
 
 // waitStarted waits until the controller leads and its workers run.
-func (c *controller) waitStarted(t *testing.T) {
+func waitStarted(t *testing.T, c *framework.Controller) {
 	t.Helper()
 	framework.Eventually(t, waitTimeout, func() (bool, error) {
-		select {
-		case <-c.p.Done():
-			return false, fmt.Errorf("controller exited with code %d", c.p.ExitCode())
-		default:
+		if err := c.Err(); err != nil {
+			return false, err
 		}
-		out := c.p.Output()
+		out := c.Output()
 		return strings.Contains(out, `"Became leader"`) && strings.Contains(out, `"Started"`), nil
 	}, "the controller to lead and start its workers")
 }
 
-// stop sends SIGTERM, as the kubelet does, and waits for a clean exit.
-func (c *controller) stop(t *testing.T) {
+// stopController stops the controller as the kubelet does (SIGTERM) and
+// fails the test unless it exits with code 0 within stopTimeout.
+func stopController(t *testing.T, c *framework.Controller) {
 	t.Helper()
-	if err := c.p.Signal(syscall.SIGTERM); err != nil {
+	if err := c.Stop(stopTimeout); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-c.p.Done():
-	case <-time.After(stopTimeout):
-		t.Fatalf("controller still running %s after SIGTERM", stopTimeout)
-	}
-	if code := c.p.ExitCode(); code != 0 {
-		t.Fatalf("controller exited with code %d after SIGTERM, want 0", code)
-	}
-}
-
-// get returns the body of an HTTP GET on the controller's endpoint.
-func (c *controller) get(path string) (int, string, error) {
-	resp, err := http.Get(c.url + path)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), err
 }
 
 // scene is one test's corner of the shared cluster: a namespace, a managed

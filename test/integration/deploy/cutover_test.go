@@ -54,8 +54,8 @@ func TestCutOver(t *testing.T) {
 
 	// Cut-over: stop the built-in controller, then start this one.
 	kcm.stop(t)
-	ours := startController(t, r, kubeconfig)
-	ours.waitStarted(t)
+	ours := startController(t, r, kubeconfig, nil)
+	waitStarted(t, ours)
 	waitSettled(t, ours, s, 2)
 	if after := snapshotState(t, s); !after.equal(before) {
 		t.Errorf("state changed when this controller took over:\nbefore %v\nafter  %v", before, after)
@@ -77,7 +77,7 @@ func TestCutOver(t *testing.T) {
 	middle := snapshotState(t, s)
 
 	// And back: stop this controller, start the built-in one again.
-	ours.stop(t)
+	stopController(t, ours)
 	four := s.volume("four", "handle-four")
 	s.createClaim(four)
 	kcm = startKubeControllerManager(t)
@@ -181,7 +181,7 @@ func snapshotState(t *testing.T, s *scene) state {
 // waitSettled waits until the controller's metrics show the scene's volumes
 // both desired and attached, and its queues empty: it has looked at
 // everything and has nothing left to do.
-func waitSettled(t *testing.T, c *controller, s *scene, volumes int) {
+func waitSettled(t *testing.T, c *framework.Controller, s *scene, volumes int) {
 	t.Helper()
 	plugin := "kubernetes.io/csi:" + s.driver
 	want := []struct {
@@ -196,7 +196,7 @@ func waitSettled(t *testing.T, c *controller, s *scene, volumes int) {
 		{"workqueue_depth", map[string]string{"name": "pods"}, 0},
 	}
 	framework.Eventually(t, waitTimeout, func() (bool, error) {
-		got, err := framework.ScrapeMetrics(t.Context(), c.url+"/metrics")
+		got, err := framework.ScrapeMetrics(t.Context(), c.HTTPURL+"/metrics")
 		if err != nil {
 			return false, nil
 		}

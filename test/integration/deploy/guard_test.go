@@ -27,12 +27,12 @@ func TestGuardSeesKubeControllerManager(t *testing.T) {
 	kubeconfig := serviceAccountKubeconfig(t, r)
 	s := newScene(t, "guard", "")
 	// A Lease long enough to survive being paused below.
-	ours := startControllerWith(t, r, kubeconfig, []string{"--other-writer-check-period=1s",
+	ours := startController(t, r, kubeconfig, []string{"--other-writer-check-period=1s",
 		"--leader-elect-lease-duration=60s", "--leader-elect-renew-deadline=50s", "--leader-elect-retry-period=1s"})
 	// Stopped with SIGTERM, so that it releases the Lease the next test's
 	// controller takes (a kill would leave it held for 60s).
-	defer ours.stop(t)
-	ours.waitStarted(t)
+	defer stopController(t, ours)
+	waitStarted(t, ours)
 
 	// Alone: attaches and reports, and the guard stays quiet.
 	one := s.volume("one", "handle-one")
@@ -40,7 +40,7 @@ func TestGuardSeesKubeControllerManager(t *testing.T) {
 	s.waitAttached(one)
 	s.waitReported(one, true)
 	framework.Consistently(t, 4*time.Second, func() error {
-		m, err := framework.ScrapeMetrics(s.ctx, ours.url+"/metrics")
+		m, err := framework.ScrapeMetrics(s.ctx, ours.HTTPURL+"/metrics")
 		if err != nil {
 			return err
 		}
@@ -52,7 +52,7 @@ func TestGuardSeesKubeControllerManager(t *testing.T) {
 		}
 		return nil
 	}, "no other writer while this controller runs alone")
-	if strings.Contains(ours.p.Output(), "Another attach/detach controller") {
+	if strings.Contains(ours.Output(), "Another attach/detach controller") {
 		t.Fatalf("the guard logs another controller while this one runs alone")
 	}
 
@@ -96,10 +96,10 @@ func TestGuardSeesKubeControllerManager(t *testing.T) {
 		}
 	}()
 	for i, v := range tries {
-		if err := ours.p.Signal(syscall.SIGSTOP); err != nil {
+		if err := ours.Process.Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
-		waitStopped(t, ours.p.Cmd.Process.Pid)
+		waitStopped(t, ours.Process.Pid())
 		s.startPod(v)
 		// The API server's record of the write is the precondition of
 		// what follows: kube-controller-manager wrote the spec.
@@ -117,7 +117,7 @@ func TestGuardSeesKubeControllerManager(t *testing.T) {
 			}
 			return len(writers) > 0, nil
 		}, "the VolumeAttachment of %s created", v.name)
-		if err := ours.p.Signal(syscall.SIGCONT); err != nil {
+		if err := ours.Process.Signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
 		if slices.Equal(writers, []string{"kube-controller-manager"}) {
@@ -133,7 +133,7 @@ func TestGuardSeesKubeControllerManager(t *testing.T) {
 	s.waitReported(two, true)
 
 	framework.Eventually(t, 60*time.Second, func() (bool, error) {
-		m, err := framework.ScrapeMetrics(s.ctx, ours.url+"/metrics")
+		m, err := framework.ScrapeMetrics(s.ctx, ours.HTTPURL+"/metrics")
 		if err != nil {
 			return false, nil
 		}
@@ -152,7 +152,7 @@ func TestGuardSeesKubeControllerManager(t *testing.T) {
 		}
 		return false, nil
 	}, "a Warning event AnotherAttachDetachController naming kube-controller-manager")
-	if out := ours.p.Output(); !strings.Contains(out, "Another attach/detach controller writes beside this one") ||
+	if out := ours.Output(); !strings.Contains(out, "Another attach/detach controller writes beside this one") ||
 		!strings.Contains(out, "kube-controller-manager") {
 		t.Errorf("no log line naming kube-controller-manager as another writer")
 	}

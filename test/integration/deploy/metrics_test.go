@@ -22,8 +22,8 @@ func TestMetricsCatalogue(t *testing.T) {
 	r := renderBase(t)
 	kubeconfig := serviceAccountKubeconfig(t, r)
 	s := newScene(t, "metrics", "fail-")
-	c := startController(t, r, kubeconfig)
-	c.waitStarted(t)
+	c := startController(t, r, kubeconfig, nil)
+	waitStarted(t, c)
 
 	attached := s.volume("attached", "ok-1")
 	s.createPod(attached)
@@ -60,7 +60,7 @@ func TestMetricsCatalogue(t *testing.T) {
 	s.deletePod(failing)
 	s.waitDetached(failing)
 
-	_, body, err := c.get("/metrics")
+	_, body, err := c.Get(t.Context(), "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,14 +71,14 @@ func TestMetricsCatalogue(t *testing.T) {
 	for _, p := range compareCatalogue(served, readCatalogue(t), true) {
 		t.Error(p)
 	}
-	c.stop(t)
+	stopController(t, c)
 }
 
 // waitMetric waits until /metrics serves a line starting with prefix.
-func waitMetric(t *testing.T, c *controller, prefix string) {
+func waitMetric(t *testing.T, c *framework.Controller, prefix string) {
 	t.Helper()
 	framework.Eventually(t, waitTimeout, func() (bool, error) {
-		code, body, err := c.get("/metrics")
+		code, body, err := c.Get(t.Context(), "/metrics")
 		if err != nil || code != http.StatusOK {
 			return false, nil
 		}

@@ -43,8 +43,8 @@ func TestLeastPrivilege(t *testing.T) {
 	s := newScene(t, "rbac", "")
 	offset := auditOffset(t)
 	logRefusals(t, offset)
-	c := startController(t, r, kubeconfig)
-	c.waitStarted(t)
+	c := startController(t, r, kubeconfig, nil)
+	waitStarted(t, c)
 	v := s.volume("full", "full-handle")
 	s.createPod(v)
 	s.waitAttached(v)
@@ -67,7 +67,7 @@ func TestLeastPrivilege(t *testing.T) {
 	s.deletePod(v)
 	s.waitDetached(v)
 	s.waitReported(v, false)
-	c.stop(t)
+	stopController(t, c)
 	lease, err := cluster.Client.CoordinationV1().Leases(namespace).Get(t.Context(), "attach-detach-controller", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -82,9 +82,9 @@ func TestLeastPrivilege(t *testing.T) {
 	// server can, and LIST where it can't: the same start with streaming
 	// off uses list.
 	offset = auditOffset(t)
-	c = startControllerEnv(t, r, kubeconfig, "KUBE_FEATURE_WatchListClient=false")
-	c.waitStarted(t)
-	c.stop(t)
+	c = startController(t, r, kubeconfig, nil, "KUBE_FEATURE_WatchListClient=false")
+	waitStarted(t, c)
+	stopController(t, c)
 	requests = append(requests, controllerRequests(t, offset)...)
 
 	used := map[permission]int{}
@@ -214,9 +214,9 @@ func TestLeastPrivilege(t *testing.T) {
 			}
 			s := newScene(t, "rbac", "")
 			offset := auditOffset(t)
-			c := startController(t, r, kubeconfig)
+			c := startController(t, r, kubeconfig, nil)
 			if !tc.role {
-				c.waitStarted(t)
+				waitStarted(t, c)
 			}
 			wait := func() {
 				t.Helper()
@@ -225,10 +225,10 @@ func TestLeastPrivilege(t *testing.T) {
 				}, "%d refused requests to %s", tc.refusals, tc.perm)
 			}
 			tc.flow(t, s, wait)
-			if tc.role && strings.Contains(c.p.Output(), `"Became leader"`) {
+			if tc.role && strings.Contains(c.Output(), `"Became leader"`) {
 				t.Errorf("became leader without the right to update the Lease")
 			}
-			c.stop(t)
+			stopController(t, c)
 		})
 	}
 }

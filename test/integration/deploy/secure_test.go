@@ -37,9 +37,9 @@ func TestSecurePortWithShippedRBAC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := startControllerWith(t, r, kubeconfig, []string{fmt.Sprintf("--secure-port=%d", port), "--bind-address=127.0.0.1"})
-	defer c.stop(t)
-	c.waitStarted(t)
+	c := startController(t, r, kubeconfig, []string{fmt.Sprintf("--secure-port=%d", port), "--bind-address=127.0.0.1"})
+	defer stopController(t, c)
+	waitStarted(t, c)
 
 	client := &http.Client{Timeout: 10 * time.Second,
 		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed by design

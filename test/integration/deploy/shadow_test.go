@@ -106,18 +106,13 @@ func TestShadowBesideKubeControllerManager(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ours := startControllerWith(t, r, kubeconfig, []string{
+	ours := startController(t, r, kubeconfig, []string{
 		"--shadow-grace-period=" + shadowGrace.String(),
 		"--max-wait-for-unmount=10s",
 		fmt.Sprintf("--secure-port=%d", port), "--bind-address=127.0.0.1",
 	})
-	stopped := false
-	defer func() {
-		if !stopped {
-			ours.stop(t)
-		}
-	}()
-	ours.waitStarted(t)
+	defer stopController(t, ours)
+	waitStarted(t, ours)
 	secure := fmt.Sprintf("https://127.0.0.1:%d", port)
 
 	// Agreement: CSI volumes attached, one detached again.
@@ -206,7 +201,7 @@ func TestShadowBesideKubeControllerManager(t *testing.T) {
 	t.Cleanup(func() { _ = cluster.Client.StorageV1().CSINodes().Delete(t.Context(), s.node, metav1.DeleteOptions{}) })
 	waitShadowMetric(t, ours, "would-not-attach", 0)
 
-	out := ours.p.Output()
+	out := ours.Output()
 	for _, want := range [][]string{
 		{`"Shadow disagreement"`, `kind="would-not-attach"`, `"kubernetes.io/aws-ebs/` + ebsHandle + `"`, s.ns + "/ebs"},
 		{`"Shadow disagreement ended"`, `kind="would-not-attach"`, `"kubernetes.io/aws-ebs/` + ebsHandle + `"`},
@@ -221,12 +216,12 @@ func TestShadowBesideKubeControllerManager(t *testing.T) {
 			t.Errorf("a disagreement on %s, where both controllers agree: %s", v.name, line)
 		}
 	}
-	m, err := framework.ScrapeMetrics(s.ctx, ours.url+"/metrics")
+	m, err := framework.ScrapeMetrics(s.ctx, ours.HTTPURL+"/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Every metric served is documented, the shadow's included.
-	_, body, err := ours.get("/metrics")
+	_, body, err := ours.Get(t.Context(), "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,8 +243,7 @@ func TestShadowBesideKubeControllerManager(t *testing.T) {
 	if n := m.Sum(shadowOpened, map[string]string{"kind": "would-attach"}); n != 0 {
 		t.Errorf("%s{kind=would-attach} = %v, want 0", shadowOpened, n)
 	}
-	ours.stop(t)
-	stopped = true
+	stopController(t, ours)
 
 	// Nothing written but the Lease: every other request was a read (the
 	// secure port's token and access reviews are questions, not writes).
@@ -333,10 +327,10 @@ func stillAttached(s *scene, v volume) error {
 
 // waitShadowMetric waits until the open disagreements of kind are n. A
 // disagreement opens after the grace period: the wait allows for it.
-func waitShadowMetric(t *testing.T, c *controller, kind string, n float64) {
+func waitShadowMetric(t *testing.T, c *framework.Controller, kind string, n float64) {
 	t.Helper()
 	framework.Eventually(t, waitTimeout+2*shadowGrace, func() (bool, error) {
-		m, err := framework.ScrapeMetrics(t.Context(), c.url+"/metrics")
+		m, err := framework.ScrapeMetrics(t.Context(), c.HTTPURL+"/metrics")
 		if err != nil {
 			return false, nil
 		}

@@ -152,14 +152,17 @@ func TestWhyFromController(t *testing.T) {
 		t.Fatal(err)
 	}
 	certDir := t.TempDir()
-	framework.StartProcess(t, controller,
-		"--kubeconfig="+cluster.Kubeconfig,
-		"--leader-elect=false",
-		"--bind-address=127.0.0.1",
-		"--secure-port="+strconv.Itoa(port),
-		"--cert-dir="+certDir,
-		"-v=2",
-	)
+	framework.StartControllerT(t, framework.ControllerOptions{
+		Binary:     controller,
+		Kubeconfig: cluster.Kubeconfig,
+		Args: []string{
+			"--leader-elect=false",
+			"--bind-address=127.0.0.1",
+			"--secure-port=" + strconv.Itoa(port),
+			"--cert-dir=" + certDir,
+			"-v=2",
+		},
+	})
 	handle := "vol-asked"
 	pv, _, err := framework.CreateBoundPVC(ctx, cluster.Client, ns, "data", framework.CSISource(driver, handle))
 	if err != nil {

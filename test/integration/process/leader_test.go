@@ -2,11 +2,8 @@ package process
 
 import (
 	"context"
-	"fmt"
-	"io"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,23 +14,25 @@ import (
 )
 
 // start runs one replica with a short lease and its own HTTP endpoint.
-func start(t *testing.T, lease string) (*framework.Process, string) {
+func start(t *testing.T, lease string) *framework.Controller {
 	t.Helper()
-	port, err := framework.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	p := framework.StartProcess(t, binary,
-		"--kubeconfig", cluster.Kubeconfig,
-		"--http-endpoint", addr,
-		"--secure-port", "0",
+	return framework.StartControllerT(t, framework.ControllerOptions{
+		Binary:     binary,
+		Kubeconfig: cluster.Kubeconfig,
+		HTTP:       true,
+		Args:       append([]string{"--secure-port", "0", "-v", "2"}, leaseFlags(lease)...),
+	})
+}
+
+// leaseFlags are the flags of a short lease named lease: a standby takes
+// over seconds after the leader is gone.
+func leaseFlags(lease string) []string {
+	return []string{
 		"--leader-elect-resource-name", lease,
 		"--leader-elect-lease-duration", "4s",
 		"--leader-elect-renew-deadline", "3s",
 		"--leader-elect-retry-period", "500ms",
-		"-v", "2")
-	return p, "http://" + addr
+	}
 }
 
 func holder(ctx context.Context, lease string) (string, error) {
@@ -50,20 +49,10 @@ func holder(ctx context.Context, lease string) (string, error) {
 	return *l.Spec.HolderIdentity, nil
 }
 
-func get(url string) (int, string, error) {
-	resp, err := http.Get(url)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), err
-}
-
 func TestLeaderLifecycle(t *testing.T) {
 	ctx := context.Background()
 	const lease = "adc-lifecycle"
-	p, url := start(t, lease)
+	p := start(t, lease)
 
 	var leader string
 	framework.Eventually(t, 60*time.Second, func() (bool, error) {
@@ -74,7 +63,7 @@ func TestLeaderLifecycle(t *testing.T) {
 
 	for _, path := range []string{"/healthz", "/readyz"} {
 		framework.Eventually(t, 20*time.Second, func() (bool, error) {
-			code, _, err := get(url + path)
+			code, _, err := p.Get(ctx, path)
 			return err == nil && code == http.StatusOK, nil
 		}, "%s answers 200", path)
 	}
@@ -87,7 +76,7 @@ func TestLeaderLifecycle(t *testing.T) {
 		"attachdetach_controller_volumes_waiting_for_node_info",
 	}
 	framework.Eventually(t, 20*time.Second, func() (bool, error) {
-		code, body, err := get(url + "/metrics")
+		code, body, err := p.Get(ctx, "/metrics")
 		if err != nil || code != http.StatusOK {
 			return false, nil
 		}
@@ -101,16 +90,8 @@ func TestLeaderLifecycle(t *testing.T) {
 	}, "/metrics serves runtime, client and workqueue metrics")
 
 	// SIGTERM: stop, release the lease, exit 0 within a few seconds.
-	if err := p.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Stop(10 * time.Second); err != nil {
 		t.Fatal(err)
-	}
-	select {
-	case <-p.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatalf("did not exit within 10s of SIGTERM")
-	}
-	if code := p.ExitCode(); code != 0 {
-		t.Fatalf("exit code %d after SIGTERM, want 0", code)
 	}
 	h, err := holder(ctx, lease)
 	if err != nil {
@@ -124,7 +105,7 @@ func TestLeaderLifecycle(t *testing.T) {
 func TestStandbyTakesOver(t *testing.T) {
 	ctx := context.Background()
 	const lease = "adc-takeover"
-	first, _ := start(t, lease)
+	first := start(t, lease)
 	var firstID string
 	framework.Eventually(t, 60*time.Second, func() (bool, error) {
 		h, err := holder(ctx, lease)
@@ -132,9 +113,9 @@ func TestStandbyTakesOver(t *testing.T) {
 		return h != "" && strings.Contains(first.Output(), "Became leader"), err
 	}, "the first replica leads")
 
-	second, secondURL := start(t, lease)
+	second := start(t, lease)
 	framework.Eventually(t, 20*time.Second, func() (bool, error) {
-		code, _, err := get(secondURL + "/healthz")
+		code, _, err := second.Get(ctx, "/healthz")
 		return err == nil && code == http.StatusOK, nil
 	}, "the standby answers /healthz")
 	// The standby must not lead while the leader renews: watch a few lease
@@ -150,22 +131,14 @@ func TestStandbyTakesOver(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 
-	first.Kill() // SIGKILL: no release; the standby waits out the lease.
+	first.Process.Kill() // SIGKILL: no release; the standby waits out the lease.
 	framework.Eventually(t, 30*time.Second, func() (bool, error) {
 		h, err := holder(ctx, lease)
 		return h != "" && h != firstID && strings.Contains(second.Output(), "Became leader"), err
 	}, "the standby takes over after the leader is killed")
 
-	if err := second.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-second.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatalf("standby-turned-leader did not exit within 10s of SIGTERM")
-	}
-	if code := second.ExitCode(); code != 0 {
-		t.Fatalf("exit code %d, want 0", code)
+	if err := second.Stop(10 * time.Second); err != nil {
+		t.Fatalf("standby-turned-leader: %v", err)
 	}
 }
 
@@ -176,13 +149,13 @@ func TestFlagOutOfRange(t *testing.T) {
 		{"--max-wait-for-unmount", "0s"},
 		{"--kube-api-qps", "-1"},
 	} {
-		p := framework.StartProcess(t, binary, append([]string{"--kubeconfig", cluster.Kubeconfig}, args...)...)
+		p := framework.StartControllerT(t, framework.ControllerOptions{Binary: binary, Kubeconfig: cluster.Kubeconfig, Args: args})
 		select {
 		case <-p.Done():
 		case <-time.After(10 * time.Second):
 			t.Fatalf("%v: still running, want refused at start", args)
 		}
-		if code := p.ExitCode(); code != 1 && code != 2 {
+		if code := p.Process.ExitCode(); code != 1 && code != 2 {
 			t.Errorf("%v: exit code %d, want 1 or 2", args, code)
 		}
 		if !strings.Contains(p.Output(), args[0]) {

@@ -134,14 +134,11 @@ func TestLeaderLosesAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxy := newCutProxy(t, u.Host)
-	leader := framework.StartProcess(t, binary,
-		"--kubeconfig", kubeconfigVia(t, proxy),
-		"--secure-port", "0",
-		"--leader-elect-resource-name", lease,
-		"--leader-elect-lease-duration", "4s",
-		"--leader-elect-renew-deadline", "3s",
-		"--leader-elect-retry-period", "500ms",
-		"-v", "2")
+	leader := framework.StartControllerT(t, framework.ControllerOptions{
+		Binary:     binary,
+		Kubeconfig: kubeconfigVia(t, proxy),
+		Args:       append([]string{"--secure-port", "0", "-v", "2"}, leaseFlags(lease)...),
+	})
 	var leaderID string
 	framework.Eventually(t, 60*time.Second, func() (bool, error) {
 		h, err := holder(ctx, lease)
@@ -156,7 +153,7 @@ func TestLeaderLosesAPIServer(t *testing.T) {
 		return err == nil && va.Status.Attached, err
 	}, "the leader attaches the volume")
 
-	standby, _ := start(t, lease)
+	standby := start(t, lease)
 	framework.Eventually(t, 30*time.Second, func() (bool, error) {
 		return strings.Contains(standby.Output(), "Another replica leads"), nil
 	}, "the standby sees the leader")
@@ -194,10 +191,10 @@ func TestLeaderLosesAPIServer(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("the leader cut off from the API server did not exit within 30s")
 	}
-	if code := leader.ExitCode(); code == 0 {
+	if code := leader.Process.ExitCode(); code == 0 {
 		t.Fatalf("the leader cut off from the API server exited 0, want non-zero")
 	}
-	t.Logf("leader exited with code %d %s after losing the API server", leader.ExitCode(), time.Since(cutAt).Round(100*time.Millisecond))
+	t.Logf("leader exited with code %d %s after losing the API server", leader.Process.ExitCode(), time.Since(cutAt).Round(100*time.Millisecond))
 	if !strings.Contains(leader.Output(), "leader election lost") {
 		t.Errorf("the leader's log does not say it lost the Lease")
 	}

@@ -23,29 +23,24 @@ import (
 
 // startSecure runs one replica serving its secure port on loopback, and its
 // plain HTTP endpoint.
-func startSecure(t *testing.T, lease string, extra ...string) (p *framework.Process, secureURL, httpURL string) {
+func startSecure(t *testing.T, lease string, extra ...string) (c *framework.Controller, secureURL string) {
 	t.Helper()
 	securePort, err := framework.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	httpPort, err := framework.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
 	args := append([]string{
-		"--kubeconfig", cluster.Kubeconfig,
 		"--secure-port", fmt.Sprint(securePort),
 		"--bind-address", "127.0.0.1",
-		"--http-endpoint", fmt.Sprintf("127.0.0.1:%d", httpPort),
-		"--leader-elect-resource-name", lease,
-		"--leader-elect-lease-duration", "4s",
-		"--leader-elect-renew-deadline", "3s",
-		"--leader-elect-retry-period", "500ms",
 		"-v", "2",
-	}, extra...)
-	p = framework.StartProcess(t, binary, args...)
-	return p, fmt.Sprintf("https://127.0.0.1:%d", securePort), fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+	}, leaseFlags(lease)...)
+	c = framework.StartControllerT(t, framework.ControllerOptions{
+		Binary:     binary,
+		Kubeconfig: cluster.Kubeconfig,
+		HTTP:       true,
+		Args:       append(args, extra...),
+	})
+	return c, fmt.Sprintf("https://127.0.0.1:%d", securePort)
 }
 
 // The certificate is self-signed: the test checks who may read, not the
@@ -130,7 +125,8 @@ func TestSecureEndpoint(t *testing.T) {
 	if _, err := framework.CreateNamespace(ctx, cluster.Client, ns); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	p, secure, plain := startSecure(t, "adc-secure")
+	p, secure := startSecure(t, "adc-secure")
+	plain := p.HTTPURL
 	framework.Eventually(t, 60*time.Second, func() (bool, error) {
 		return strings.Contains(p.Output(), "Became leader"), nil
 	}, "the replica leads")
