@@ -107,7 +107,7 @@ func TestNodeGoneMountsUnknownUntilItsLastStateIsRead(t *testing.T) {
 	if _, changed := a.BeginReport("n1"); !changed {
 		t.Fatal("no write of the attached volume")
 	}
-	if keys := a.NodeGone("n1"); len(keys) != 1 {
+	if keys := a.NodeGone("n1", time.Time{}); len(keys) != 1 {
 		t.Fatalf("NodeGone touched %v", keys)
 	}
 	n, _ := a.Node("n1")
@@ -134,7 +134,7 @@ func TestNodeGoneAfterTheNodeCameBack(t *testing.T) {
 	}
 	// An update of the object deleted, read late: it is the one gone.
 	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, ResourceVersion: "11", UID: "first", InUse: map[volume.Name]bool{}})
-	if keys := a.NodeGone("n1"); len(keys) != 1 {
+	if keys := a.NodeGone("n1", time.Time{}); len(keys) != 1 {
 		t.Errorf("NodeGone touched %v after a late update of the node deleted, want its attachment", keys)
 	}
 	// Created again; the new object is read before the write's answer.
@@ -143,7 +143,7 @@ func TestNodeGoneAfterTheNodeCameBack(t *testing.T) {
 		t.Fatal("no write of the attached volume")
 	}
 	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, ResourceVersion: "40", UID: "third", InUse: map[volume.Name]bool{}})
-	if keys := a.NodeGone("n1"); len(keys) != 0 {
+	if keys := a.NodeGone("n1", time.Time{}); len(keys) != 0 {
 		t.Errorf("NodeGone touched %v for a node read since the write began", keys)
 	}
 	if n, _ := a.Node("n1"); !n.Exists || !n.Ready {

@@ -278,14 +278,16 @@ func (a *ActualState) markUnrecordedLocked(n *nodeEntry, v volume.Name) {
 	n.dirty = true
 }
 
-// NodeGone records that the API answered the node's status write that the
-// Node object does not exist, before its deletion was read from the
-// informer: what it had mounted last is unknown until then (SetNode with
-// its last state, then DeleteNode), so anything attached there may be
-// mounted. Another Node object read since the write began (one created
+// NodeGone records that the API answered the node's status write, at at,
+// that the Node object does not exist, before its deletion was read from
+// the informer: what it had mounted last is unknown until then (SetNode
+// with its last state, then DeleteNode), so anything attached there may be
+// mounted. A managed node counts in its zone as deleted at at, as
+// DeleteNode would count it: its deletion, read later, finds it gone
+// already. Another Node object read since the write began (one created
 // again, whose sync came before this answer) is not the one gone: nothing
 // changes. It returns the keys of its attachments.
-func (a *ActualState) NodeGone(name string) []Key {
+func (a *ActualState) NodeGone(name string, at time.Time) []Key {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n, ok := a.nodes[name]
@@ -293,6 +295,9 @@ func (a *ActualState) NodeGone(name string) []Key {
 		return nil
 	}
 	a.countZoneLocked(n.info, -1)
+	if n.info.Managed {
+		a.recordDeletedLocked(n.info.Zone, name, at)
+	}
 	n.info = NodeInfo{Managed: n.info.Managed, Zone: n.info.Zone}
 	keys := make([]Key, 0, len(n.attachments))
 	for v := range n.attachments {

@@ -49,10 +49,13 @@ func TestZoneHealth(t *testing.T) {
 	// Deleted unmanaged: never counted.
 	a.DeleteNode("a4", true, t0)
 	check("a4 deleted", "a", t0.Add(time.Minute), 2, 1)
-	// A status write finding a node gone takes it out; its deletion read
-	// after counts it as deleted.
-	a.NodeGone("a3")
-	check("a3 gone", "a", t0, 1, 0)
+	// A status write finding a node gone counts it as deleted then; its
+	// deletion, read after, changes nothing.
+	a.NodeGone("a3", t0)
+	check("a3 gone", "a", t0, 2, 1)
+	a.DeleteNode("a3", false, t0.Add(time.Minute))
+	check("a3 deletion read", "a", t0.Add(time.Minute), 2, 1)
+	check("a3 gone, wait over", "a", t0.Add(wait), 1, 0)
 
 	a.Update(Key{Volume: volA, Node: "b1"}, true, func(*Attachment) {})
 	a.Update(Key{Volume: volB, Node: "a2"}, true, func(*Attachment) {})

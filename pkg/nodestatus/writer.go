@@ -71,7 +71,7 @@ func (w *Writer) write(ctx context.Context, node string) ([]cache.Key, error) {
 	switch {
 	case apierrors.IsNotFound(err):
 		// Gone: what it had mounted is unknown until its deletion is read.
-		keys := w.actual.NodeGone(node)
+		keys := w.actual.NodeGone(node, w.Clock.Now())
 		return append(keys, w.actual.EndReport(node, nil, true)...), nil
 	case err != nil:
 		return w.actual.EndReport(node, want, false), fmt.Errorf("patch node %s status: %w", node, err)
