@@ -323,7 +323,7 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(metrics.NewStateCollector(metrics.State{
 			Desired: c.desired.Stats,
-			Actual: c.actual.Stats,
+			Actual:  c.actual.Stats,
 			Attachments: func() (map[string]int, time.Time) {
 				byState, oldest := c.actual.StateStats()
 				out := make(map[string]int, len(byState))
