@@ -302,7 +302,7 @@ func New(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 
-	c.csi = mechanism.NewCSI(cfg.Client, c.attachments)
+	c.csi = mechanism.NewCSI(cfg.Client, c.attachments, c.pvAttachments.get)
 	c.reconciler = reconciler.New(c.desired, c.actual, map[volume.Kind]reconciler.Mechanism{
 		volume.KindCSI:    c.csi,
 		volume.KindInTree: mechanism.NewInTree(cfg.InTree),

@@ -356,3 +356,37 @@ func TestDetachOfAVolumeKnownFromNodeStatusEndsWhenItsObjectGoes(t *testing.T) {
 		t.Errorf("the object is gone, and the detach is still on record: %+v; decided %v", a, f.c.reconciler.Decide(k, epoch))
 	}
 }
+
+// A ReadWriteOnce volume's VolumeAttachment on node-0 is read while its
+// PersistentVolume is missing (deleted by an admin who removed its
+// finalizers): it can't be identified, and nothing is recorded. The PV is
+// created again and a pod on node-1 wants it; its key is decided before the
+// VolumeAttachment is read again. The attach to node-1 must wait: the volume
+// may still be attached to node-0.
+func TestUnidentifiedVolumeAttachmentHoldsASingleNodeVolume(t *testing.T) {
+	name := volume.AttachmentName("h1", driver, "node-0")
+	nodes := []runtime.Object{node("node-0"), node("node-1"), va("claim-a", "h1", "node-0")}
+	f := newFixture(t, nodes...)
+	must(t, f.c.syncNode(f.ctx, "node-0"))
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	must(t, f.c.syncAttachment(f.ctx, name))
+	if keys := f.c.actual.Keys(); len(keys) != 0 {
+		t.Fatalf("an attachment of a missing PV was recorded: %v", keys)
+	}
+	f.load(append(nodes, csiPV("claim-a", "h1"), claim("claim-a"), pod("pod-b", "node-1", "claim-a"))...)
+	f.reset()
+	must(t, f.c.syncPod(f.ctx, "default/pod-b"))
+	f.drain()
+	other := volume.AttachmentName("h1", driver, "node-1")
+	if w := f.writes(); slices.Contains(w, "create volumeattachments "+other) {
+		t.Errorf("writes %v: attached to node-1 while node-0's VolumeAttachment, not read again yet, may hold it", w)
+	}
+	// Read again, the VolumeAttachment is identified: node-1 waits for its
+	// detach, as for any other.
+	must(t, f.c.syncAttachment(f.ctx, name))
+	f.drain()
+	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	if d := f.c.reconciler.Decide(k, epoch); d.Action != reconciler.Blocked {
+		t.Errorf("once node-0's VolumeAttachment is read: %v, want blocked", d)
+	}
+}

@@ -25,6 +25,9 @@ import (
 type CSI struct {
 	client      kubernetes.Interface
 	attachments storagelisters.VolumeAttachmentLister
+	// ofPV returns the names of the VolumeAttachments whose source is a
+	// PersistentVolume (an index of the informer's); nil: none is looked up.
+	ofPV func(pv string) []string
 
 	// gone remembers the VolumeAttachments the API said are gone, by name
 	// and UID, while the lister may still hold them: a cached copy of an
@@ -35,9 +38,10 @@ type CSI struct {
 
 var _ reconciler.Mechanism = (*CSI)(nil)
 
-// NewCSI returns the CSI mechanism.
-func NewCSI(client kubernetes.Interface, attachments storagelisters.VolumeAttachmentLister) *CSI {
-	return &CSI{client: client, attachments: attachments, gone: map[string]types.UID{}}
+// NewCSI returns the CSI mechanism. ofPV, when set, names the
+// VolumeAttachments of a PersistentVolume (Attach).
+func NewCSI(client kubernetes.Interface, attachments storagelisters.VolumeAttachmentLister, ofPV func(pv string) []string) *CSI {
+	return &CSI{client: client, attachments: attachments, ofPV: ofPV, gone: map[string]types.UID{}}
 }
 
 // Gone reports whether the VolumeAttachment name with uid is known gone
@@ -87,6 +91,13 @@ func (c *CSI) Attach(ctx context.Context, spec *volume.Spec, node string) (recon
 	case !apierrors.IsNotFound(err):
 		return res, fmt.Errorf("get VolumeAttachment %s: %w", name, err)
 	}
+	if other := c.heldElsewhere(spec, node); other != nil {
+		// The reconciler decided on what the controller has identified: a
+		// VolumeAttachment it could not (its PersistentVolume was missing
+		// when it was read) is in no record, and may hold the volume.
+		return res, fmt.Errorf("PersistentVolume %s may still be attached to node %s (VolumeAttachment %s, not identified yet); waiting for it to be read again or to go",
+			spec.PVName, other.Spec.NodeName, other.Name)
+	}
 	va = NewAttachment(name, spec, node)
 	res.Created = true
 	created, err := c.client.StorageV1().VolumeAttachments().Create(ctx, va, metav1.CreateOptions{})
@@ -97,6 +108,25 @@ func (c *CSI) Attach(ctx context.Context, spec *volume.Spec, node string) (recon
 		return res, fmt.Errorf("create VolumeAttachment %s: %w", name, err)
 	}
 	return res, nil
+}
+
+// heldElsewhere returns a VolumeAttachment of spec's PersistentVolume on
+// another node than node, when spec is a single-node volume, or nil. The
+// reconciler checks the attachments on record first (single-node access);
+// this is the last check before a create, for an object on no record.
+func (c *CSI) heldElsewhere(spec *volume.Spec, node string) *storagev1.VolumeAttachment {
+	if !spec.SingleNode || spec.PVName == "" || c.ofPV == nil {
+		return nil
+	}
+	for _, name := range c.ofPV(spec.PVName) {
+		va, err := c.lookup(name)
+		if err != nil || va.Spec.NodeName == node || va.Spec.Source.PersistentVolumeName == nil ||
+			*va.Spec.Source.PersistentVolumeName != spec.PVName {
+			continue
+		}
+		return va
+	}
+	return nil
 }
 
 func attachmentState(va *storagev1.VolumeAttachment, res *reconciler.AttachResult) error {

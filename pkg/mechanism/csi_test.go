@@ -2,6 +2,7 @@ package mechanism
 
 import (
 	"context"
+	"strings"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -88,7 +89,7 @@ func setup(t *testing.T, inAPI, inCache []*storagev1.VolumeAttachment, reactors 
 			t.Fatal(err)
 		}
 	}
-	return NewCSI(client, storagelisters.NewVolumeAttachmentLister(indexer)), client
+	return NewCSI(client, storagelisters.NewVolumeAttachmentLister(indexer), nil), client
 }
 
 func TestCSIAttach(t *testing.T) {
@@ -320,6 +321,49 @@ func TestCSIDetach(t *testing.T) {
 			_, err = client.StorageV1().VolumeAttachments().Get(context.Background(), name1, metav1.GetOptions{})
 			if gone := apierrors.IsNotFound(err); gone != tt.wantGone {
 				t.Errorf("VolumeAttachment gone: %v, want %v (get: %v)", gone, tt.wantGone, err)
+			}
+		})
+	}
+}
+
+// A single-node volume is not attached while a VolumeAttachment of its
+// PersistentVolume on another node is in the informer: the reconciler, which
+// checks the attachments on record, may not have identified it. A volume
+// that many nodes may attach, and an object the API said is gone, do not
+// hold it.
+func TestCSIAttachHeldByAVolumeAttachmentOnAnotherNode(t *testing.T) {
+	elsewhere := va(vaName(handle, driver, "node-0"), func(a *storagev1.VolumeAttachment) { a.Spec.NodeName = "node-0" })
+	ofPV := func(pv string) []string {
+		if pv == "pv-1" {
+			return []string{elsewhere.Name}
+		}
+		return nil
+	}
+	for _, tc := range []struct {
+		name       string
+		singleNode bool
+		gone       bool
+		wantHeld   bool
+	}{
+		{name: "single-node", singleNode: true, wantHeld: true},
+		{name: "many nodes", singleNode: false},
+		{name: "single-node, the other object gone per the API", singleNode: true, gone: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, client := setup(t, nil, []*storagev1.VolumeAttachment{elsewhere}, nil)
+			c.ofPV = ofPV
+			if tc.gone {
+				c.forget(elsewhere.Name, elsewhere.UID)
+			}
+			spec := pvSpec()
+			spec.SingleNode = tc.singleNode
+			_, err := c.Attach(context.Background(), spec, node)
+			created := false
+			for _, a := range client.Actions() {
+				created = created || a.GetVerb() == "create"
+			}
+			if held := err != nil && strings.Contains(err.Error(), "may still be attached to node node-0"); held != tc.wantHeld || created == tc.wantHeld {
+				t.Errorf("Attach: err %v, created %v; want held %v", err, created, tc.wantHeld)
 			}
 		})
 	}
