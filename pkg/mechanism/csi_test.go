@@ -2,11 +2,11 @@ package mechanism
 
 import (
 	"context"
-	"strings"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
