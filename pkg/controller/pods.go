@@ -128,8 +128,10 @@ func (c *Controller) podVolumes(ctx context.Context, pod *v1.Pod, tell bool) []c
 			if err == nil {
 				why = fmt.Errorf("it now resolves to volume %s", describeSpec(spec))
 			}
-			logger.Info("Volume of a running pod can no longer be resolved; it stays attached until the pod terminates",
-				"volume", vol.Name, "attached", old.Name, "reason", why)
+			if tell {
+				logger.Info("Volume of a running pod can no longer be resolved; it stays attached until the pod terminates",
+					"volume", vol.Name, "attached", old.Name, "reason", why)
+			}
 			report(vol.Name, "VolumeKeptAttached", fmt.Sprintf(
 				"volume %q stays attached as %s until the pod terminates, but it can no longer be resolved: %s", vol.Name, old.Name, why))
 		}

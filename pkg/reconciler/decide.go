@@ -214,8 +214,6 @@ func nodesOf(keys []cache.Key) string {
 	return strings.Join(names, ", ")
 }
 
-// zone returns the health of node's zone, asked for only when a forced
-// detach by timeout is due.
 // DetachVerdict applies the detach rule (safeToDetach) to the volume at k
 // as the actual state knows its node now, its max wait for unmount counted
 // from since: for a controller that decides and does not act (shadow mode),
@@ -231,6 +229,8 @@ func (r *Reconciler) HeldElsewhere(spec *volume.Spec, node string) []cache.Key {
 	return singleNodeAccessConflict(spec, node, r.actual)
 }
 
+// zone returns the health of node's zone, asked for only when a forced
+// detach by timeout is due.
 func (r *Reconciler) zone(node cache.NodeInfo, now time.Time) func() cache.ZoneHealth {
 	return func() cache.ZoneHealth { return r.actual.ZoneHealth(node.Zone, now, r.cfg.DeletedNodeWait()) }
 }
