@@ -91,7 +91,7 @@ func (c *Controller) nodeWritten(ctx context.Context, node *v1.Node) []cache.Key
 func (c *Controller) setNode(ctx context.Context, name string, info cache.NodeInfo) []cache.Key {
 	if old, ok := c.actual.Node(name); info.Managed && !c.rebuilding && (!ok || !old.Exists || !old.Managed) {
 		if unread := c.unreadPods(name); unread > 0 {
-			klog.FromContext(ctx).V(2).Info("Node turned managed; waiting for its pods to be read", "node", name, "unread", unread)
+			klog.FromContext(ctx).V(2).Info("Node turned managed; waiting for its pods to be read", "unread", unread)
 			info.Managed = false
 			c.nodeQueue.AddAfter(name, time.Second)
 		}

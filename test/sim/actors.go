@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -125,6 +126,9 @@ func (s *Sim) createNode(name string) {
 	delete(s.thirdPartyListed, name)
 	delete(s.thirdPartyRemoved, name)
 	delete(s.flapped, name)
+	delete(s.selfAttach, name)
+	delete(s.kubeletVA, name)
+	delete(s.selfMounted, name)
 }
 
 func (s *Sim) createCSINode(name string) {
@@ -198,7 +202,7 @@ func (s *Sim) wanted() map[pair]bool { return s.wantedFor(0) }
 // wantedFor: the volume is used by a live pod on an existing node whose
 // claim was resolved at least d ago; for d > 0, whose want the running
 // controller generation has had d to see: its claim and PV there to read,
-// its node there and managed, for d at a stretch since it started. (A
+// its node there, for d at a stretch since it started. (A
 // controller that never saw them cannot know which volume the pod uses, nor
 // can kubelet, to mount it.)
 func (s *Sim) wantedFor(d time.Duration) map[pair]bool {
@@ -248,7 +252,7 @@ func (s *Sim) noteWants() {
 		p := o.(*v1.Pod)
 		uid := string(p.UID)
 		n := s.w.node(p.Spec.NodeName)
-		if !live(p) || n == nil || n.Annotations[managed] == "" || s.w.get(rPVCs, ns+"/c-"+podPV(p)) == nil || s.w.get(rPVs, podPV(p)) == nil {
+		if !live(p) || n == nil || s.w.get(rPVCs, ns+"/c-"+podPV(p)) == nil || s.w.get(rPVs, podPV(p)) == nil {
 			delete(s.wantStreak, uid)
 			continue
 		}
@@ -285,9 +289,17 @@ func (s *Sim) kubeletChange(n *v1.Node) []v1.UniqueVolumeName {
 			want = append(want, v)
 		}
 	}
+	attached := make([]v1.UniqueVolumeName, 0, len(n.Status.VolumesAttached))
 	for _, a := range n.Status.VolumesAttached {
-		if uses[string(a.Name)] && !slices.Contains(want, a.Name) {
-			want = append(want, a.Name)
+		attached = append(attached, a.Name)
+	}
+	// What a kubelet that attached by itself mounted, it reports too.
+	for name := range s.selfMounted[n.Name] {
+		attached = append(attached, v1.UniqueVolumeName(name))
+	}
+	for _, a := range attached {
+		if uses[string(a)] && !slices.Contains(want, a) {
+			want = append(want, a)
 		}
 	}
 	slices.Sort(want)
@@ -308,6 +320,128 @@ func (s *Sim) kubelet(node string) {
 	s.tracef("kubelet %s: volumesInUse %v", node, want)
 	n.Status.VolumesInUse = want
 	s.w.update(rNodes, n)
+}
+
+// kubeletAttaches returns the attaches and detaches a node's kubelet that
+// attaches by itself (enableControllerAttachDetach=false: the node has no
+// managed annotation) would make now. As kubelet's CSI attacher
+// does, it creates the VolumeAttachment of a volume a live pod on the node
+// uses, under the name the controller would give it, and deletes one it
+// created once no live pod uses it and it is not mounted. Only volumes that
+// may attach to many nodes: for a single-node one, it would race the
+// controller attaching the volume elsewhere, as it does in a cluster.
+func (s *Sim) kubeletAttaches(n *v1.Node) []func() {
+	if !s.attachesByItself(n.Name) || !ready(n) {
+		return nil
+	}
+	uses := map[string]bool{}
+	for _, o := range s.w.list(rPods) {
+		if p := o.(*v1.Pod); p.Spec.NodeName == n.Name && live(p) && s.resolved(p) {
+			uses[podPV(p)] = true
+		}
+	}
+	var todo []func()
+	for _, v := range s.vols {
+		if v.singleNode || v.source.CSI == nil || !uses[v.pv] || s.w.get(rPVs, v.pv) == nil {
+			continue
+		}
+		name := volume.AttachmentName(v.source.CSI.VolumeHandle, v.source.CSI.Driver, n.Name)
+		if s.w.get(rAttachments, name) != nil {
+			continue
+		}
+		pv := v.pv
+		todo = append(todo, func() {
+			s.stats["fault: kubelet attached a volume by itself"]++
+			s.tracef("kubelet %s: create VolumeAttachment %s (%s), attaching by itself", n.Name, name, pv)
+			s.thirdPartyVA[name] = true
+			if s.kubeletVA[n.Name] == nil {
+				s.kubeletVA[n.Name] = map[string]bool{}
+			}
+			s.kubeletVA[n.Name][name] = true
+			s.w.create(rAttachments, &storagev1.VolumeAttachment{
+				ObjectMeta: metav1.ObjectMeta{Name: name},
+				Spec: storagev1.VolumeAttachmentSpec{Attacher: v.source.CSI.Driver, NodeName: n.Name,
+					Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pv}},
+			})
+		})
+	}
+	for _, va := range s.w.attachments() {
+		if va.Spec.NodeName != n.Name || va.DeletionTimestamp != nil {
+			continue
+		}
+		v := s.volumeByPV(attachmentVolume(va))
+		if name := v.names[0]; va.Status.Attached && uses[v.pv] && !s.selfMounted[n.Name][name] {
+			// Mounted as soon as attached, and reported in use later
+			// (kubeletChange): nothing waits for node status here.
+			todo = append(todo, func() {
+				s.tracef("kubelet %s: mounted %s, attached by itself", n.Name, name)
+				if s.selfMounted[n.Name] == nil {
+					s.selfMounted[n.Name] = map[string]bool{}
+				}
+				s.selfMounted[n.Name][name] = true
+			})
+		}
+		if !s.kubeletVA[n.Name][va.Name] || uses[v.pv] || s.selfMounted[n.Name][v.names[0]] ||
+			slices.ContainsFunc(n.Status.VolumesInUse, func(x v1.UniqueVolumeName) bool { return slices.Contains(v.names, string(x)) }) {
+			continue
+		}
+		todo = append(todo, func() {
+			s.stats["fault: kubelet detached a volume by itself"]++
+			s.tracef("kubelet %s: delete VolumeAttachment %s, detaching by itself", n.Name, va.Name)
+			s.thirdPartyVA[va.Name] = true
+			delete(s.kubeletVA[n.Name], va.Name)
+			s.w.deleteObject(rAttachments, va.Name)
+		})
+	}
+	return todo
+}
+
+// kubeletUnmounts returns the unmounts of the volumes a node's kubelet
+// mounted while it attached by itself and no live pod there uses any more,
+// whatever it does now.
+func (s *Sim) kubeletUnmounts(n *v1.Node) []func() {
+	if !ready(n) {
+		return nil
+	}
+	var todo []func()
+	for _, name := range slices.Sorted(maps.Keys(s.selfMounted[n.Name])) {
+		if s.podUses(n.Name, s.volumeByName(name).pv) {
+			continue
+		}
+		todo = append(todo, func() {
+			s.tracef("kubelet %s: unmounted %s", n.Name, name)
+			delete(s.selfMounted[n.Name], name)
+		})
+	}
+	return todo
+}
+
+// podUses: a live pod on node uses the volume of pv.
+func (s *Sim) podUses(node, pv string) bool {
+	for _, o := range s.w.list(rPods) {
+		if p := o.(*v1.Pod); p.Spec.NodeName == node && live(p) && s.resolved(p) && podPV(p) == pv {
+			return true
+		}
+	}
+	return false
+}
+
+// attachesByItself: the node's kubelet attaches by itself now. It was
+// restarted so: it starts a while (seenWant) after its node lost the
+// managed annotation, by when the controller has seen that. (Sooner, it
+// would mount volumes the controller, yet to see the change, may detach
+// as it does any volume no pod wants that node status does not list: no
+// controller can prevent that.)
+func (s *Sim) attachesByItself(node string) bool {
+	since, ok := s.selfAttach[node]
+	return ok && s.clock.Now().Sub(since) >= seenWant
+}
+
+// toldToAttach: the node's kubelet is told to attach by itself, started so
+// or not yet.
+func (s *Sim) toldToAttach(node string) bool {
+	_, ok := s.selfAttach[node]
+	return ok
 }
 
 func ready(n *v1.Node) bool { return invariants.Ready(n) }
@@ -431,6 +565,20 @@ func (s *Sim) workload() {
 			delete(n.Annotations, managed)
 		} else {
 			n.Annotations = map[string]string{managed: "true"}
+		}
+		delete(s.flapped, n.Name)
+		if _, ok := s.selfAttach[n.Name]; ok && len(s.selfMounted[n.Name]) > 0 {
+			s.stats["fault: node managed again, with volumes its kubelet mounted by itself"]++
+			for name := range s.selfMounted[n.Name] {
+				if !slices.Contains(n.Status.VolumesInUse, v1.UniqueVolumeName(name)) {
+					s.stats["fault: node managed again, with volumes its kubelet mounted by itself not reported in use"]++
+					break
+				}
+			}
+		}
+		delete(s.selfAttach, n.Name)
+		if n.Annotations[managed] == "" {
+			s.selfAttach[n.Name] = s.clock.Now()
 		}
 		s.stats["fault: node managed toggled"]++
 		s.tracef("workload: node %s managed=%v", n.Name, n.Annotations[managed] != "")
@@ -604,6 +752,7 @@ func (s *Sim) heal() {
 		}
 	}
 	s.flapped = map[string]bool{}
+	s.selfAttach = map[string]time.Time{}
 	for i := range s.cfg.Nodes {
 		if name := nodeName(i); s.w.node(name) != nil && s.w.get(rCSINodes, name) == nil {
 			s.createCSINode(name)

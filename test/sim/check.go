@@ -8,6 +8,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
@@ -26,8 +27,12 @@ import (
 //	   node's unhealthiness) counts when it held at some moment since the
 //	   volume stopped being wanted there, not only when the call is made.
 //	   A pod's want counts once the running controller generation could
-//	   read it (its claim and PV there, its node managed): one whose claim
-//	   went before it started names no volume it could know of;
+//	   read it (its claim and PV there, its node there, managed or not: the
+//	   controller reads what pods want on every node): one whose claim
+//	   went before it started names no volume it could know of. A volume a
+//	   kubelet that attached by itself mounted counts as mounted before it
+//	   is reported in use, for a live pod there whose pod, claim and PV
+//	   the controller's informers hold;
 //	I3 no detach starts while node.status.volumesAttached lists the volume;
 //	I4 once no fault and no new work come, the run gets quiet within a
 //	   bounded number of steps, and then every volume a live pod wants is
@@ -158,6 +163,9 @@ func (s *Sim) checkDetachStart(pv, node string) {
 	if invariants.DetachListed(v.inv(), slices.DeleteFunc(attached, func(x string) bool { return s.thirdPartyListed[node][x] })) {
 		s.violate("I3", "detach of %s from %s started while node.status.volumesAttached lists it", pv, node)
 	}
+	if !listed(inUse) && s.selfMounted[node][v.names[0]] && s.informedUse(pv, node) {
+		s.violate("I2", "detach of %s from node %s started while a live pod there uses it (mounted by a kubelet that attached it by itself, not reported in use yet)", pv, node)
+	}
 	if !listed(inUse) {
 		if s.wantedFor(seenWant)[pair{pv, node}] {
 			s.violate("I7", "detach of %s from node %s started while a live pod there has wanted it for %s or more (not mounted)",
@@ -187,6 +195,25 @@ func (s *Sim) checkDetachStart(pv, node string) {
 		// A forced detach by timeout.
 		s.checkZoneHold(pv, node)
 	}
+}
+
+// informedUse: a live pod on node uses pv, and the controller's informers
+// hold that pod, its claim and the PV: it can tell.
+func (s *Sim) informedUse(pv, node string) bool {
+	has := func(r, key string, uid types.UID) bool {
+		o, ok, _ := s.inf[r].GetStore().GetByKey(key)
+		return ok && o.(object).GetUID() == uid
+	}
+	claim, vol := s.w.get(rPVCs, ns+"/c-"+pv), s.w.get(rPVs, pv)
+	if claim == nil || vol == nil || !has(rPVCs, keyOf(claim), claim.GetUID()) || !has(rPVs, pv, vol.GetUID()) {
+		return false
+	}
+	for _, o := range s.w.list(rPods) {
+		if p := o.(*v1.Pod); p.Spec.NodeName == node && live(p) && s.resolved(p) && podPV(p) == pv && has(rPods, keyOf(p), p.UID) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkQuiet checks I4, I5 and I8 once nothing is left to do.
@@ -340,7 +367,8 @@ func (s *Sim) checkHandedOver() {
 	}
 	for _, va := range s.w.attachments() {
 		n := s.w.node(va.Spec.NodeName)
-		if n == nil || !seen(n) || unread(va) || pvUnknown(va) {
+		// A node whose kubelet attaches by itself is nobody's to hand over.
+		if n == nil || !seen(n) || unread(va) || pvUnknown(va) || s.toldToAttach(n.Name) {
 			continue
 		}
 		pv := attachmentVolume(va)

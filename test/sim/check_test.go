@@ -148,7 +148,7 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			s.checkEveryStep()
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I7"},
-		{"I7: none for a pod whose node was unmanaged while its claim was there", func(s *Sim) {
+		{"I7: a pod whose node was unmanaged while its claim was there (what pods want is read on every node)", func(s *Sim) {
 			setNode(s, nodeName(0), func(n *v1.Node) { n.Annotations = nil })
 			s.createPod("rwo-0", nodeName(0))
 			s.checkEveryStep()
@@ -159,6 +159,23 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			s.clock.SetTime(s.clock.Now().Add(seenWant))
 			s.checkEveryStep()
 			attach(s, nodeName(0))
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+		}, "I7"},
+		{"I2: detach of a volume a kubelet mounted by itself, for a pod the controller's informer has", func(s *Sim) {
+			s.createPod("rwo-0", nodeName(0))
+			for len(s.w.pending[rPods]) > 0 {
+				s.deliver(rPods)
+			}
+			attach(s, nodeName(0))
+			s.selfMounted[nodeName(0)] = map[string]bool{rwo0: true}
+			s.checkEveryStep()
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+		}, "I2"},
+		{"I2: none for a volume a kubelet mounted by itself, for a pod not in the controller's informer yet", func(s *Sim) {
+			s.createPod("rwo-0", nodeName(0))
+			attach(s, nodeName(0))
+			s.selfMounted[nodeName(0)] = map[string]bool{rwo0: true}
+			s.checkEveryStep()
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, ""},
 		{"I7: none for a pod just created", func(s *Sim) {

@@ -1,10 +1,15 @@
 package sim
 
 import (
+	"os"
+	"slices"
 	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/controller"
 )
 
 // A node's managed annotation is removed and put back while the node
@@ -86,4 +91,80 @@ func podNamed(s *Sim, pv string) string {
 		}
 	}
 	return ""
+}
+
+// A node's kubelet attached a volume by itself and mounted it, and the node
+// turns managed before that kubelet reports the mount in use, and before
+// the controller has read the pod that uses it (its event is in the
+// informer, its sync not run yet). The node's facts say managed only once
+// that pod is read: taken as unwanted before, the volume would be detached
+// from under it. The random runs reach this rarely.
+func TestManagedAgainBeforeItsPodsAreRead(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Trace = true
+	s := newSim(1, cfg)
+	defer s.kill()
+	settle := func() {
+		for range cfg.QuietSteps {
+			s.step++
+			if !s.act(false) {
+				break
+			}
+			s.checkEveryStep()
+		}
+	}
+	node := nodeName(0)
+	setManaged := func(on bool) {
+		n := s.w.node(node).DeepCopy()
+		n.Annotations = nil
+		if on {
+			n.Annotations = map[string]string{managed: "true"}
+		}
+		s.tracef("test: %s managed=%v", node, on)
+		s.w.update(rNodes, n)
+	}
+	kubelet := func(what string) {
+		todo := s.kubeletAttaches(s.w.node(node))
+		if len(todo) != 1 {
+			t.Fatalf("kubelet %s: %d changes to make, want 1", what, len(todo))
+		}
+		todo[0]()
+	}
+	settle()
+	// Its kubelet was told to attach by itself a while ago.
+	setManaged(false)
+	s.selfAttach[node] = s.clock.Now().Add(-seenWant)
+	settle()
+	s.createPod("rwx", node)
+	kubelet("attach")
+	s.attacher()
+	kubelet("mount")
+	// Managed again, its mount not reported in use yet; the pod's event
+	// reaches the informer, and the pod worker waits.
+	delete(s.selfAttach, node)
+	setManaged(true)
+	s.reportsHeld = true
+	for len(s.w.pending[rPods]) > 0 {
+		s.deliver(rPods)
+	}
+	workers := s.workers[controller.QueuePods]
+	s.workers[controller.QueuePods] = 0
+	settle()
+	s.workers[controller.QueuePods] = workers
+	s.reportsHeld = false
+	settle()
+	if !slices.ContainsFunc(s.w.attachments(), func(va *storagev1.VolumeAttachment) bool {
+		return attachmentVolume(va) == "rwx" && va.Spec.NodeName == node && va.DeletionTimestamp == nil
+	}) {
+		t.Errorf("the volume its pod uses was detached from %s", node)
+	}
+	s.w.remove(rPods, ns+"/"+podNamed(s, "rwx"))
+	settle()
+	s.heal()
+	settle()
+	s.checkQuiet()
+	if len(s.violations) > 0 || t.Failed() || os.Getenv("SIM_DEBUG") != "" {
+		t.Log(strings.Join(s.trace, "\n"))
+		t.Errorf("violations: %q", s.violations)
+	}
 }

@@ -151,6 +151,19 @@ type Sim struct {
 	// its status since the controller's last status write landed.
 	thirdPartyRemoved map[string]map[string]bool
 	flapped           map[string]bool
+	// selfAttach: the nodes whose kubelet is told to attach and detach by
+	// itself (the workload took their managed annotation away), since
+	// when (attachesByItself); kubeletVA, per node, the VolumeAttachments
+	// its kubelet created and has not deleted.
+	selfAttach map[string]time.Time
+	kubeletVA  map[string]map[string]bool
+	// selfMounted, per node, the volumes its kubelet mounted as it
+	// attached them by itself, and has not unmounted: it reports them in
+	// use only later.
+	selfMounted map[string]map[string]bool
+	// reportsHeld: kubelets report no change of volumes in use (directed
+	// tests).
+	reportsHeld bool
 	// thirdPartyVA: the VolumeAttachments a third party created or
 	// deleted last (I6).
 	thirdPartyVA map[string]bool
@@ -205,7 +218,7 @@ func newSim(seed int64, cfg Config) *Sim {
 		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
 		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]time.Time{}, podNode: map[string]string{}, unannounced: map[pair]types.UID{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
 		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{}, zone: zoneState{deletedAt: map[string]time.Time{}},
-		thirdPartyListed: map[string]map[string]bool{}, thirdPartyRemoved: map[string]map[string]bool{}, flapped: map[string]bool{}, thirdPartyVA: map[string]bool{}, explained: map[cache.Key]string{}, failingUntil: map[types.UID]time.Time{}, answeredManaged: map[string]bool{}, readUnmanaged: map[string]bool{},
+		thirdPartyListed: map[string]map[string]bool{}, thirdPartyRemoved: map[string]map[string]bool{}, flapped: map[string]bool{}, selfAttach: map[string]time.Time{}, kubeletVA: map[string]map[string]bool{}, selfMounted: map[string]map[string]bool{}, thirdPartyVA: map[string]bool{}, explained: map[cache.Key]string{}, failingUntil: map[types.UID]time.Time{}, answeredManaged: map[string]bool{}, readUnmanaged: map[string]bool{},
 	}
 	s.ctx = s.logContext()
 	s.w = newWorld(s)
@@ -475,8 +488,11 @@ func (s *Sim) act(chaos bool) (progress bool) {
 		add(3, "periodic sync", s.periodicSync)
 	}
 	for _, n := range s.w.list(rNodes) {
-		if s.kubeletChange(n.(*v1.Node)) != nil {
+		if !s.reportsHeld && s.kubeletChange(n.(*v1.Node)) != nil {
 			add(1.5, "kubelet", func() { s.kubelet(n.GetName()) })
+		}
+		if todo := append(s.kubeletAttaches(n.(*v1.Node)), s.kubeletUnmounts(n.(*v1.Node))...); len(todo) > 0 {
+			add(1.5, "kubelet attaches", func() { todo[s.rng.Intn(len(todo))]() })
 		}
 	}
 	if chaos {

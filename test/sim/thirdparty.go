@@ -192,7 +192,7 @@ func (s *Sim) unflap() {
 	name := names[s.rng.Intn(len(names))]
 	delete(s.flapped, name)
 	n := s.w.node(name)
-	if n == nil || n.Annotations[managed] != "" {
+	if n == nil || n.Annotations[managed] != "" || s.toldToAttach(name) {
 		return
 	}
 	n = n.DeepCopy()
