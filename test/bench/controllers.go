@@ -2,6 +2,8 @@ package bench
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 
 	"github.com/kube-attach/attach-detach-controller/test/framework"
@@ -60,15 +62,19 @@ func KCM(binary string) Controller {
 		Name: "kcm", Title: "kube-controller-manager", Binary: binary,
 		ReadyLog: `"Caches are synced"`,
 		Args: func(kubeconfig string, qps float32, burst int) ([]string, Endpoints, error) {
-			return []string{
-				"--controllers=attachdetach",
-				"--leader-elect=false",
-				"--secure-port=0",
-				"--use-service-account-credentials=false",
-				"--kubeconfig=" + kubeconfig,
+			// Its FlexVolume directory is in the run's directory, beside
+			// its kubeconfig.
+			flexDir := filepath.Join(filepath.Dir(kubeconfig), "kcm-flexvolume")
+			if err := os.MkdirAll(flexDir, 0o755); err != nil {
+				return nil, Endpoints{}, err
+			}
+			// The tests' command line, with the API budget of the run, at
+			// the default log verbosity (as ours runs).
+			return framework.KubeControllerManagerArgs(kubeconfig, flexDir,
 				fmt.Sprintf("--kube-api-qps=%g", qps),
 				fmt.Sprintf("--kube-api-burst=%d", burst),
-			}, Endpoints{}, nil
+				"--v=0",
+			), Endpoints{}, nil
 		},
 	}
 }

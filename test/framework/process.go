@@ -367,6 +367,27 @@ func removeStaleDirs(ctx context.Context) {
 	}
 }
 
+// WaitFor polls cond every 100 ms until it reports done, returns an error,
+// the process exits, ctx ends or timeout passes. A failure ends with the
+// last lines of the process's log.
+func (p *Process) WaitFor(ctx context.Context, timeout time.Duration, what string, cond func(context.Context) (bool, error)) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, timeout, fmt.Errorf("not done after %s", timeout))
+	defer cancel()
+	var condErr error
+	err := waitFor(ctx, p.ExitError, what, func(ctx context.Context) bool {
+		done, err := cond(ctx)
+		condErr = err
+		return done || err != nil
+	})
+	if err == nil && condErr != nil {
+		err = fmt.Errorf("wait for %s: %w", what, condErr)
+	}
+	if err != nil {
+		return fmt.Errorf("%w\n--- last lines of %s:\n%s", err, p.LogPath, p.Tail(4096))
+	}
+	return nil
+}
+
 // waitFor polls check until it reports done, ended says the process has
 // ended (Process.ExitError, Controller.Err), or ctx ends.
 func waitFor(ctx context.Context, ended func() error, what string, check func(context.Context) bool) error {

@@ -370,6 +370,9 @@ func (s *Sim) kubeletAttaches(n *v1.Node) []func() {
 			continue
 		}
 		v := s.volumeByPV(attachmentVolume(va))
+		if v == nil {
+			continue
+		}
 		if name := v.names[0]; va.Status.Attached && uses[v.pv] && !s.selfMounted[n.Name][name] {
 			// Mounted as soon as attached, and reported in use later
 			// (kubeletChange): nothing waits for node status here.

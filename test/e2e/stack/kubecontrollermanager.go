@@ -30,7 +30,7 @@ func (s *Stack) StartKubeControllerManager(ctx context.Context) (*Process, error
 	if err != nil {
 		return nil, err
 	}
-	err = poll(ctx, startTimeout, p, "start of "+p.Name, func(context.Context) (bool, error) {
+	err = p.WaitFor(ctx, startTimeout, "start of "+p.Name, func(context.Context) (bool, error) {
 		return framework.KubeControllerManagerSynced(p.Tail(1 << 20)), nil
 	})
 	if err != nil {

@@ -58,7 +58,7 @@ func (s *Stack) StartKubelets(ctx context.Context, o KubeletOptions) (*Process, 
 		return nil, err
 	}
 	for _, name := range o.NodeNames() {
-		err := poll(ctx, startTimeout, p, "node "+name+" and its CSINode", func(ctx context.Context) (bool, error) {
+		err := p.WaitFor(ctx, startTimeout, "node "+name+" and its CSINode", func(ctx context.Context) (bool, error) {
 			return s.nodeRegistered(ctx, name)
 		})
 		if err != nil {

@@ -147,7 +147,7 @@ func (s *Stack) startDriver(ctx context.Context, mockBin, attacherBin, driver st
 	if err != nil {
 		return err
 	}
-	err = poll(ctx, startTimeout, mock, "socket of "+mock.Name, func(context.Context) (bool, error) {
+	err = mock.WaitFor(ctx, startTimeout, "socket of "+mock.Name, func(context.Context) (bool, error) {
 		info, err := os.Stat(socket)
 		return err == nil && info.Mode()&os.ModeSocket != 0, nil
 	})
@@ -227,43 +227,6 @@ func (s *Stack) Stop() error {
 		s.logger.V(1).Info("Stack stopped")
 	})
 	return s.stopErr
-}
-
-// poll calls cond every 100 ms until it returns true, an error, the process
-// p (if not nil) exits, ctx ends, or timeout passes.
-func poll(ctx context.Context, timeout time.Duration, p *Process, what string, cond func(context.Context) (bool, error)) error {
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	ticker := time.NewTicker(100 * time.Millisecond)
-	defer ticker.Stop()
-	for {
-		done, err := cond(ctx)
-		if ctx.Err() != nil {
-			return fmt.Errorf("wait for %s: %w", what, context.Cause(ctx))
-		}
-		if err != nil {
-			return fmt.Errorf("wait for %s: %w", what, err)
-		}
-		if done {
-			return nil
-		}
-		if p != nil {
-			if err := p.ExitError(); err != nil {
-				return fmt.Errorf("wait for %s: %w\n--- last lines of %s:\n%s", what, err, p.LogPath, p.Tail(4096))
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("wait for %s: %w", what, context.Cause(ctx))
-		case <-deadline.C:
-			err := fmt.Errorf("wait for %s: not done after %s", what, timeout)
-			if p != nil {
-				err = fmt.Errorf("%w\n--- last lines of %s:\n%s", err, p.LogPath, p.Tail(4096))
-			}
-			return err
-		case <-ticker.C:
-		}
-	}
 }
 
 func checkBinary(path, hint string) error {
