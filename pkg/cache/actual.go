@@ -57,11 +57,9 @@ type Attachment struct {
 	// AttachStarted and DetachStarted time the operations for metrics.
 	AttachStarted time.Time
 	DetachStarted time.Time
-	// Reported: listed in node.status.volumesAttached, as last written by the
-	// node status writer or read at start.
-	Reported bool
 	// Withdrawn: taken out of the node.status report because a detach is
-	// about to start. The detach waits until Reported is false.
+	// about to start. The detach waits until node status no longer lists
+	// it (pkg/nodestatus).
 	Withdrawn bool
 	// DetachWanted is when the controller first wanted to detach it (the
 	// start of the max wait for unmount); zero while it is wanted.
@@ -133,8 +131,6 @@ type ActualState struct {
 	byPlugin    map[string]int
 	byState     map[State]int
 	unconfirmed map[Key]*Attachment
-	// attachCalls counts the attach calls under way by node (HoldReport).
-	attachCalls map[string]int
 	// handingOver: the controller is stopping gracefully (handoff.go); no
 	// detach starts any more.
 	handingOver bool
@@ -145,9 +141,6 @@ type ActualState struct {
 type nodeEntry struct {
 	info        NodeInfo
 	attachments map[volume.Name]*Attachment
-	// report is what node.status.volumesAttached holds, as far as the
-	// controller knows, and the write of it under way (report.go).
-	report
 }
 
 // NewActualState returns an empty ActualState.
@@ -160,7 +153,6 @@ func NewActualState() *ActualState {
 		byPlugin:         map[string]int{},
 		byState:          map[State]int{},
 		unconfirmed:      map[Key]*Attachment{},
-		attachCalls:      map[string]int{},
 		zones:            map[string]*zoneEntry{},
 	}
 }
@@ -193,12 +185,7 @@ func (a *ActualState) Update(k Key, create bool, fn func(*Attachment)) bool {
 			a.volumes[k.Volume] = byNode
 		}
 		byNode[k.Node] = at
-		n := a.nodeLocked(k.Node)
-		n.attachments[k.Volume] = at
-		if n.unrecorded[k.Volume] {
-			at.Reported = true
-			delete(n.unrecorded, k.Volume)
-		}
+		a.nodeLocked(k.Node).attachments[k.Volume] = at
 	}
 	before := *at
 	fn(at)
@@ -292,11 +279,6 @@ func (a *ActualState) deleteLocked(k Key, at *Attachment) {
 	a.indexOtherNamesLocked(k, at.Spec, false)
 	if n := a.nodes[k.Node]; n != nil {
 		delete(n.attachments, k.Volume)
-		if at.Reported {
-			// Detached while node.status lists it: the next write must
-			// take it out, and until then it may be listed.
-			a.markUnrecordedLocked(n, k.Volume)
-		}
 		a.gcNodeLocked(k.Node)
 	}
 }
@@ -321,7 +303,7 @@ func (a *ActualState) nodeLocked(name string) *nodeEntry {
 
 // gcNodeLocked drops a node that is gone and has nothing attached.
 func (a *ActualState) gcNodeLocked(name string) {
-	if n := a.nodes[name]; n != nil && !n.info.Exists && len(n.attachments) == 0 && len(n.unrecorded) == 0 {
+	if n := a.nodes[name]; n != nil && !n.info.Exists && len(n.attachments) == 0 {
 		delete(a.nodes, name)
 	}
 }

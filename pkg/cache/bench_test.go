@@ -52,8 +52,7 @@ func benchDesired(b *testing.B) *cache.DesiredState {
 	return d
 }
 
-// benchActual returns an ActualState with every volume attached, reported,
-// on managed Ready nodes that have all their volumes in use.
+// benchActual returns an ActualState with every volume attached, on managed Ready nodes that have all their volumes in use.
 func benchActual(b *testing.B) *cache.ActualState {
 	b.Helper()
 	a := cache.NewActualState()
@@ -72,7 +71,6 @@ func benchActual(b *testing.B) *cache.ActualState {
 			at.PluginName = volume.CSIPluginName
 			at.Spec = spec
 			at.AttachmentName = volume.AttachmentName(spec.VolumeHandle, spec.Driver, benchNode(v/benchPerNode))
-			at.Reported = true
 		})
 	}
 	return a
@@ -148,34 +146,6 @@ func BenchmarkActualStateUpdate(b *testing.B) {
 		for b.Loop() {
 			a.Update(k, true, func(at *cache.Attachment) { at.AttachmentName = "csi-new" })
 			a.Delete(k)
-		}
-	})
-}
-
-func BenchmarkActualStateBeginReport(b *testing.B) {
-	a := benchActual(b)
-	node := benchNode(42)
-	b.Run("unchanged", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, changed := a.BeginReport(node); changed {
-				b.Fatal("report changed")
-			}
-		}
-	})
-	b.Run("changed+EndReport", func(b *testing.B) {
-		// One volume withdrawn, the report written; then back.
-		k := benchKey(42 * benchPerNode)
-		b.ReportAllocs()
-		for b.Loop() {
-			for _, withdrawn := range []bool{true, false} {
-				a.Update(k, false, func(at *cache.Attachment) { at.Withdrawn = withdrawn })
-				want, changed := a.BeginReport(node)
-				if !changed {
-					b.Fatal("report unchanged")
-				}
-				a.EndReport(node, want, true)
-			}
 		}
 	})
 }

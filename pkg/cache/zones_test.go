@@ -51,7 +51,7 @@ func TestZoneHealth(t *testing.T) {
 	check("a4 deleted", "a", t0.Add(time.Minute), 2, 1)
 	// A status write finding a node gone counts it as deleted then; its
 	// deletion, read after, changes nothing.
-	a.NodeGone("a3", t0)
+	a.NodeGone("a3", "", t0)
 	check("a3 gone", "a", t0, 2, 1)
 	a.DeleteNode("a3", false, t0.Add(time.Minute))
 	check("a3 deletion read", "a", t0.Add(time.Minute), 2, 1)

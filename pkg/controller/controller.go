@@ -190,8 +190,10 @@ type Controller struct {
 	// those of pods and claims, read only once the actual state is rebuilt.
 	synced, podsSynced []toolscache.InformerSynced
 
-	desired    *cache.DesiredState
-	actual     *cache.ActualState
+	desired *cache.DesiredState
+	actual  *cache.ActualState
+	// status is what node status lists and the writes of it under way.
+	status     *nodestatus.Record
 	nodeView   *migration.NodeView
 	reconciler *reconciler.Reconciler
 	writer     *nodestatus.Writer
@@ -249,13 +251,15 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Reconciler.Clock == nil {
 		cfg.Reconciler.Clock = cfg.Clock
 	}
+	actual := cache.NewActualState()
 	c := &Controller{
 		cfg:       cfg,
 		client:    cfg.Client,
 		informers: cfg.Informers,
 		clock:     cfg.Clock,
 		desired:   cache.NewDesiredState(),
-		actual:    cache.NewActualState(),
+		actual:    actual,
+		status:    nodestatus.NewRecord(actual),
 		problems:  map[string]map[string]string{},
 		goneNodes: map[string]*v1.Node{},
 
@@ -303,11 +307,11 @@ func New(cfg Config) (*Controller, error) {
 	}
 
 	c.csi = mechanism.NewCSI(cfg.Client, c.attachments, c.pvAttachments.get)
-	c.reconciler = reconciler.New(c.desired, c.actual, map[volume.Kind]reconciler.Mechanism{
+	c.reconciler = reconciler.New(c.desired, c.actual, c.status, map[volume.Kind]reconciler.Mechanism{
 		volume.KindCSI:    c.csi,
 		volume.KindInTree: mechanism.NewInTree(cfg.InTree),
 	}, cfg.Recorder, cfg.Metrics, cfg.Reconciler)
-	c.writer = nodestatus.NewWriter(cfg.Client, c.actual, c.nodeWritten)
+	c.writer = nodestatus.NewWriter(cfg.Client, c.status, c.nodeWritten)
 	c.writer.Hold, c.writer.Clock = cfg.StatusHold, cfg.Clock
 	c.syncVolumeKey, c.syncNodeStatus, c.statusDiffers = c.syncVolume, c.syncStatus, c.rewriteStatus
 	if cfg.Shadow != nil {
@@ -367,7 +371,7 @@ func (c *Controller) newQueues() error {
 		cfg.NewQueue = func(name string) workqueue.TypedRateLimitingInterface[string] {
 			if name == QueueNodeStatus {
 				// Writes that add volumes first: pods wait for them.
-				return prioritized(name, queueMetrics, cfg.NodeRateLimiter(), c.actual.ReportAdds)
+				return prioritized(name, queueMetrics, cfg.NodeRateLimiter(), c.status.Adds)
 			}
 			return newQueue(name)
 		}

@@ -50,7 +50,7 @@ type Mechanism struct {
 // Explain says what the controller will do with a volume on a node, and why.
 func (c *Controller) Explain(k cache.Key) Explanation {
 	d := c.reconciler.Decide(k, c.clock.Now())
-	e := explanation(d)
+	e := c.explanation(d)
 	if f, _ := c.actual.Node(k.Node); f.Exists && !f.Managed {
 		if n, err := c.nodes.Get(k.Node); err == nil && managed(n) {
 			if unread := c.unreadPods(k.Node); unread > 0 {
@@ -194,14 +194,14 @@ func (c *Controller) explainNotWanted(ctx context.Context, pod *v1.Pod, wants bo
 	return out
 }
 
-func explanation(d reconciler.Decision) Explanation {
+func (c *Controller) explanation(d reconciler.Decision) Explanation {
 	e := Explanation{Volume: string(d.Key.Volume), Node: d.Key.Node, Action: string(d.Action), Reason: d.Reason, Desired: d.Desired}
 	for _, p := range d.Pods {
 		e.Pods = append(e.Pods, p.String())
 	}
 	if d.HasAttachment {
 		e.State = string(d.Attachment.State)
-		e.Reported = d.Attachment.Reported
+		e.Reported = c.status.IsListed(d.Key)
 		e.Error = d.Attachment.AttachError + d.Attachment.DetachError
 	}
 	return e

@@ -154,7 +154,7 @@ func (f *fixture) actualState() []string {
 	var out []string
 	for _, a := range f.c.actual.Attachments() {
 		line := fmt.Sprintf("%s@%s %s", a.Volume, a.Node, a.State)
-		if a.Reported {
+		if f.c.status.IsListed(a.Key) {
 			line += " reported"
 		}
 		if a.AttachError != "" {

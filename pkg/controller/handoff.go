@@ -11,7 +11,7 @@ import (
 // handoffPoll is how often a handoff checks whether it is done.
 const handoffPoll = 100 * time.Millisecond
 
-// handOver prepares the volumes for the next controller (pkg/cache/handoff.go
+// handOver prepares the volumes for the next controller (pkg/nodestatus/handoff.go
 // says why) for at most Config.HandoffTimeout, while the informers, the
 // VolumeAttachment and node syncs and the node status writer keep running.
 // It returns early when ctx is cancelled: then this replica may no longer
@@ -64,7 +64,7 @@ func (c *Controller) handOver(ctx context.Context) {
 // withdrawn for a detach that has not started are listed again in their
 // node's status. The attaches and detaches under way go on.
 func (c *Controller) BeginHandOver() {
-	for _, node := range c.actual.HandOver() {
+	for _, node := range c.status.HandOver() {
 		c.statusQueue.Add(node)
 	}
 }
@@ -81,7 +81,7 @@ func (c *Controller) BeginHandOver() {
 // sync under way: the VolumeAttachment its attach call created may be in no
 // cache yet.
 func (c *Controller) HandedOver() (unsettled int, sample []string) {
-	n, sample, toWrite := c.actual.Unsettled(10)
+	n, sample, toWrite := c.status.Unsettled(10)
 	for _, node := range toWrite {
 		c.statusQueue.Add(node)
 	}

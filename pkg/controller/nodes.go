@@ -65,7 +65,7 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 		return fmt.Errorf("get node %s: %w", name, err)
 	}
 	c.touch(c.setNode(ctx, name, NodeInfo(node))...)
-	if !sameAttached(node.Status.VolumesAttached, c.actual.Reported(name)) {
+	if !sameAttached(node.Status.VolumesAttached, c.status.Listed(name)) {
 		c.statusDiffers(ctx, name, node.Status.VolumesAttached)
 	}
 	return nil
@@ -182,6 +182,6 @@ func sameAttached(a, b []v1.AttachedVolume) bool {
 // object predates the controller's last write), so it is written again.
 func (c *Controller) rewriteStatus(ctx context.Context, name string, listed []v1.AttachedVolume) {
 	klog.FromContext(ctx).V(2).Info("Node status lists other attached volumes than written; rewriting it")
-	c.actual.ObserveReport(name, listed)
+	c.status.Observe(name, listed)
 	c.statusQueue.Add(name)
 }

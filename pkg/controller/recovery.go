@@ -103,10 +103,12 @@ func (c *Controller) BeginRecovery(ctx context.Context) (*Recovery, error) {
 	r.nodes = len(nodes)
 	slices.SortFunc(nodes, func(a, b *v1.Node) int { return strings.Compare(a.Name, b.Name) })
 	for _, node := range nodes {
+		// What its status lists counts as listed, as upstream reports
+		// what it recovers.
+		c.status.Recover(node.Name, node.Status.VolumesAttached)
 		for _, av := range node.Status.VolumesAttached {
 			k := cache.Key{Volume: volume.Name(av.Name), Node: node.Name}
 			c.actual.Update(k, true, func(a *cache.Attachment) {
-				a.Reported = true
 				if a.AttachmentName != "" {
 					return // the VolumeAttachment knows better
 				}
@@ -285,7 +287,7 @@ func (c *Controller) settledLast(keys []cache.Key) []cache.Key {
 // attached, in node status, no detach wanted.
 func (c *Controller) settled(k cache.Key) bool {
 	a, ok := c.actual.Get(k)
-	return ok && a.State == cache.Attached && a.Reported && a.DetachWanted.IsZero() && c.reconciler.Wanted(k)
+	return ok && a.State == cache.Attached && c.status.IsListed(k) && a.DetachWanted.IsZero() && c.reconciler.Wanted(k)
 }
 
 // feedRecovered adds keys to queue whenever it holds fewer than depth items,

@@ -115,7 +115,7 @@ func TestRecover(t *testing.T) {
 			// attached and reported yet.
 			pending := f.volumes.pending()
 			for _, k := range pending {
-				if a, ok := f.c.actual.Get(k); !f.c.desired.Wanted(k) || (ok && a.State == cache.Attached && a.Reported) {
+				if a, ok := f.c.actual.Get(k); !f.c.desired.Wanted(k) || (ok && a.State == cache.Attached && f.c.status.IsListed(k)) {
 					t.Errorf("volume key %v queued by RecoverHeld, want it held back", k)
 				}
 			}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -256,7 +257,7 @@ func TestVolumeAttachmentOfANewUIDDuringADetachCallKeepsItStarted(t *testing.T) 
 	f.syncFirst("node-1", []string{"h1"})
 	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
 	f.c.actual.Update(k, false, func(a *cache.Attachment) { a.Withdrawn = true })
-	if !f.c.actual.BeginDetach(k, epoch) {
+	if !f.c.status.BeginDetach(k, epoch) {
 		t.Fatal("detach not started")
 	}
 	f.load(append(vol, va("claim-a", "h1", "node-1", func(a *storagev1.VolumeAttachment) { a.UID = "uid-new" }))...)
@@ -264,7 +265,7 @@ func TestVolumeAttachmentOfANewUIDDuringADetachCallKeepsItStarted(t *testing.T) 
 	if a, _ := f.c.actual.Get(k); a.DetachStarted.IsZero() || !a.Withdrawn {
 		t.Errorf("detach started %v, withdrawn %v; want both", a.DetachStarted, a.Withdrawn)
 	}
-	if list, _ := f.c.actual.BeginReport("node-1"); len(list) != 0 {
+	if list, _ := f.c.status.Begin("node-1"); len(list) != 0 {
 		t.Errorf("node report %v lists the volume whose detach is on its way", list)
 	}
 }
@@ -281,7 +282,7 @@ func TestVolumeAttachmentGoneDuringADetachCallKeepsItStarted(t *testing.T) {
 	f.syncFirst("node-1", []string{"h1"})
 	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
 	f.c.actual.Update(k, false, func(a *cache.Attachment) { a.Withdrawn = true })
-	if !f.c.actual.BeginDetach(k, epoch) {
+	if !f.c.status.BeginDetach(k, epoch) {
 		t.Fatal("detach not started")
 	}
 	name := volume.AttachmentName("h1", driver, "node-1")
@@ -292,7 +293,7 @@ func TestVolumeAttachmentGoneDuringADetachCallKeepsItStarted(t *testing.T) {
 	}
 	f.load(append(vol, va("claim-a", "h1", "node-1", func(a *storagev1.VolumeAttachment) { a.UID = "uid-new" }))...)
 	must(t, f.c.syncAttachment(f.ctx, name))
-	if list, _ := f.c.actual.BeginReport("node-1"); len(list) != 0 {
+	if list, _ := f.c.status.Begin("node-1"); len(list) != 0 {
 		t.Errorf("node report %v lists the volume whose detach is on its way", list)
 	}
 }
@@ -339,8 +340,9 @@ func TestDetachOfAVolumeKnownFromNodeStatusEndsWhenItsObjectGoes(t *testing.T) {
 	f := newFixture(t, n)
 	must(t, f.c.syncNode(f.ctx, "node-1"))
 	f.c.actual.Update(k, true, func(a *cache.Attachment) {
-		a.Reported, a.Kind, a.PluginName = true, volume.KindCSI, volume.CSIPluginName
+		a.Kind, a.PluginName = volume.KindCSI, volume.CSIPluginName
 	})
+	f.c.status.Recover("node-1", []v1.AttachedVolume{{Name: v1.UniqueVolumeName(k.Volume)}})
 	must(t, f.client.Tracker().Add(va("claim-a", "h1", "node-1")))
 	f.volumes.Add(k)
 	f.drain()

@@ -73,7 +73,7 @@ func (c *Controller) mirrorStatus(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("get node %s: %w", name, err)
 	}
-	changed, dropped := shadow.MirrorReport(c.actual, name, node.Status.VolumesAttached)
+	changed, dropped := shadow.MirrorReport(c.actual, c.status, name, node.Status.VolumesAttached)
 	for _, k := range dropped {
 		if err := c.syncShadow(ctx, k); err != nil {
 			return err
@@ -101,7 +101,7 @@ func (c *Controller) clusterView(d reconciler.Decision) shadow.Cluster {
 		if !ok {
 			continue
 		}
-		cl := shadow.Cluster{Reported: a.Reported}
+		cl := shadow.Cluster{Reported: c.status.IsListed(cache.Key{Volume: name, Node: d.Key.Node})}
 		if name != d.Key.Volume {
 			cl.Name = string(name)
 		}

@@ -1,7 +1,9 @@
 // Package nodestatus writes node.status.volumesAttached: the list kubelet
 // waits on before it mounts a volume. One patch of the status subresource
 // carries every change pending for a node; a volume being detached leaves the
-// list, and the write is confirmed, before its detach may start.
+// list, and the write is confirmed, before its detach may start. Its Record
+// is the one home of what each node's status lists and of the writes under
+// way (record.go); the Writer writes (writer.go).
 package nodestatus
 
 import (
@@ -21,14 +23,15 @@ import (
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 )
 
-// Writer brings node.status.volumesAttached in line with the actual state.
+// Writer brings node.status.volumesAttached in line with the actual state,
+// keeping its Record.
 type Writer struct {
 	client  kubernetes.Interface
-	actual  *cache.ActualState
+	record  *Record
 	setNode func(context.Context, *v1.Node) []cache.Key
 	// Hold is how long a write that only adds volumes may wait for the
-	// other attaches under way on its node (cache.ActualState.HoldReport);
-	// zero: none waits.
+	// other attaches under way on its node (Record.Hold); zero: none
+	// waits.
 	Hold  time.Duration
 	Clock clock.PassiveClock
 }
@@ -38,8 +41,8 @@ type Writer struct {
 // as the write (kubelet may have mounted a volume just before a withdraw
 // landed; only that answer is sure to say so), and returns the keys whose
 // decision may change.
-func NewWriter(client kubernetes.Interface, actual *cache.ActualState, setNode func(context.Context, *v1.Node) []cache.Key) *Writer {
-	return &Writer{client: client, actual: actual, setNode: setNode, Clock: clock.RealClock{}}
+func NewWriter(client kubernetes.Interface, record *Record, setNode func(context.Context, *v1.Node) []cache.Key) *Writer {
+	return &Writer{client: client, record: record, setNode: setNode, Clock: clock.RealClock{}}
 }
 
 // Sync writes the node's report if it changed. It returns the keys whose
@@ -47,7 +50,7 @@ func NewWriter(client kubernetes.Interface, actual *cache.ActualState, setNode f
 // now be detached), or, when the write waits for other attaches on the node,
 // how long until the caller syncs the node again.
 func (w *Writer) Sync(ctx context.Context, node string) (keys []cache.Key, after time.Duration, err error) {
-	if after := w.actual.HoldReport(node, w.Clock.Now(), w.Hold); after > 0 {
+	if after := w.record.Hold(node, w.Clock.Now(), w.Hold); after > 0 {
 		klog.FromContext(ctx).V(4).Info("Node status write waits for the attaches under way on the node", "for", after)
 		return nil, after, nil
 	}
@@ -56,7 +59,7 @@ func (w *Writer) Sync(ctx context.Context, node string) (keys []cache.Key, after
 }
 
 func (w *Writer) write(ctx context.Context, node string) ([]cache.Key, error) {
-	want, changed := w.actual.BeginReport(node)
+	want, changed := w.record.Begin(node)
 	if !changed {
 		return nil, nil
 	}
@@ -65,21 +68,21 @@ func (w *Writer) write(ctx context.Context, node string) ([]cache.Key, error) {
 	// again may carry what a write just put there).
 	patch, err := Patch(want)
 	if err != nil {
-		return w.actual.EndReport(node, want, false), err
+		return w.record.End(node, want, false), err
 	}
 	written, err := w.client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
 	switch {
 	case apierrors.IsNotFound(err):
 		// Gone: what it had mounted is unknown until its deletion is read.
-		keys := w.actual.NodeGone(node, w.Clock.Now())
-		return append(keys, w.actual.EndReport(node, nil, true)...), nil
+		keys := w.record.NodeGone(node, w.Clock.Now())
+		return append(keys, w.record.End(node, nil, true)...), nil
 	case err != nil:
-		return w.actual.EndReport(node, want, false), fmt.Errorf("patch node %s status: %w", node, err)
+		return w.record.End(node, want, false), fmt.Errorf("patch node %s status: %w", node, err)
 	}
 	// The node's facts as of the write first: a withdrawn volume's detach
 	// must see a mount reported before the write.
 	keys := w.setNode(ctx, written)
-	ended, landed := w.actual.EndReportOn(node, string(written.UID), want)
+	ended, landed := w.record.EndOn(node, string(written.UID), want)
 	keys = append(keys, ended...)
 	if !landed {
 		// The Node it landed on was deleted and created again under its

@@ -47,11 +47,14 @@ func sortKeys(keys []cache.Key) []cache.Key {
 type fixture struct {
 	client *fake.Clientset
 	actual *cache.ActualState
+	record *Record
 	writer *Writer
 }
 
-// newFixture builds a Writer over a fake clientset holding nodes.
-func newFixture(t *testing.T, nodes []*v1.Node, attachments []cache.Attachment, patchErr error) *fixture {
+// newFixture builds a Writer over a fake clientset holding nodes, with
+// attachments in the actual state and listed in the record (what the node's
+// status lists as far as the controller knows, as at start).
+func newFixture(t *testing.T, nodes []*v1.Node, attachments []cache.Attachment, listed []v1.AttachedVolume, patchErr error) *fixture {
 	t.Helper()
 	objs := make([]runtime.Object, 0, len(nodes))
 	for _, n := range nodes {
@@ -68,11 +71,13 @@ func newFixture(t *testing.T, nodes []*v1.Node, attachments []cache.Attachment, 
 	for _, a := range attachments {
 		actual.Update(a.Key, true, func(at *cache.Attachment) { *at = a })
 	}
+	record := NewRecord(actual)
+	record.Recover(node, listed)
 	setNode := func(_ context.Context, n *v1.Node) []cache.Key {
 		keys, _ := actual.SetNode(n.Name, testFacts(n))
 		return keys
 	}
-	return &fixture{client: client, actual: actual, writer: NewWriter(client, actual, setNode)}
+	return &fixture{client: client, actual: actual, record: record, writer: NewWriter(client, record, setNode)}
 }
 
 func TestWriterSync(t *testing.T) {
@@ -81,47 +86,51 @@ func TestWriterSync(t *testing.T) {
 		name        string
 		nodes       []*v1.Node
 		attachments []cache.Attachment
+		listed      []v1.AttachedVolume // what node status lists at start
 		patchErr    error
 
-		wantPatch    string // "": no patch
-		wantErr      string
-		wantKeys     []cache.Key
-		wantReported []v1.AttachedVolume
-		wantInNode   []v1.AttachedVolume // node.status.volumesAttached after the sync, when patched
+		wantPatch  string // "": no patch
+		wantErr    string
+		wantKeys   []cache.Key
+		wantListed []v1.AttachedVolume
+		wantInNode []v1.AttachedVolume // node.status.volumesAttached after the sync, when patched
 	}{
 		{
 			name:  "one patch of the status subresource with the full sorted list",
 			nodes: []*v1.Node{n1},
 			attachments: []cache.Attachment{
 				{Key: key(volD), State: cache.Attached, DevicePath: "/dev/sdb"},
-				{Key: key(volB), State: cache.Attached, Reported: true},
+				{Key: key(volB), State: cache.Attached},
 				{Key: key(volA), State: cache.Attached},
 				{Key: key(volC), State: cache.Uncertain},
-				{Key: key("kubernetes.io/csi/d.example.com^w"), State: cache.Attached, Reported: true, Withdrawn: true},
+				{Key: key("kubernetes.io/csi/d.example.com^w"), State: cache.Attached, Withdrawn: true},
 				{Key: cache.Key{Volume: volA, Node: "node-2"}, State: cache.Attached},
 			},
+			listed: []v1.AttachedVolume{av(volB, ""), av("kubernetes.io/csi/d.example.com^w", "")},
 			wantPatch: `{"status":{"volumesAttached":[` +
 				`{"name":"kubernetes.io/csi/d.example.com^a","devicePath":""},` +
 				`{"name":"kubernetes.io/csi/d.example.com^b","devicePath":""},` +
 				`{"name":"kubernetes.io/iscsi/10.0.0.1:3260:iqn.2001-04.com.example:storage:0","devicePath":"/dev/sdb"}]}}`,
-			wantKeys:     []cache.Key{key(volA), key(volD), key("kubernetes.io/csi/d.example.com^w")},
-			wantReported: []v1.AttachedVolume{av(volA, ""), av(volB, ""), av(volD, "/dev/sdb")},
-			wantInNode:   []v1.AttachedVolume{av(volA, ""), av(volB, ""), av(volD, "/dev/sdb")},
+			wantKeys:   []cache.Key{key(volA), key(volD), key("kubernetes.io/csi/d.example.com^w")},
+			wantListed: []v1.AttachedVolume{av(volA, ""), av(volB, ""), av(volD, "/dev/sdb")},
+			wantInNode: []v1.AttachedVolume{av(volA, ""), av(volB, ""), av(volD, "/dev/sdb")},
 		},
 		{
-			name:         "empty list is written as null",
-			nodes:        []*v1.Node{n1},
-			attachments:  []cache.Attachment{{Key: key(volA), State: cache.Attached, Reported: true, Withdrawn: true}},
-			wantPatch:    `{"status":{"volumesAttached":null}}`,
-			wantKeys:     []cache.Key{key(volA)},
-			wantReported: nil,
-			wantInNode:   nil,
+			name:        "empty list is written as null",
+			nodes:       []*v1.Node{n1},
+			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached, Withdrawn: true}},
+			listed:      []v1.AttachedVolume{av(volA, "")},
+			wantPatch:   `{"status":{"volumesAttached":null}}`,
+			wantKeys:    []cache.Key{key(volA)},
+			wantListed:  nil,
+			wantInNode:  nil,
 		},
 		{
-			name:         "nothing changed: no patch",
-			nodes:        []*v1.Node{n1},
-			attachments:  []cache.Attachment{{Key: key(volA), State: cache.Attached, Reported: true}, {Key: key(volB), State: cache.Uncertain}},
-			wantReported: []v1.AttachedVolume{av(volA, "")},
+			name:        "nothing changed: no patch",
+			nodes:       []*v1.Node{n1},
+			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached}, {Key: key(volB), State: cache.Uncertain}},
+			listed:      []v1.AttachedVolume{av(volA, "")},
+			wantListed:  []v1.AttachedVolume{av(volA, "")},
 		},
 		{
 			// The lister does not know the node (deleted, or created again
@@ -129,7 +138,8 @@ func TestWriterSync(t *testing.T) {
 			// listed; a re-created Node may carry what a write put there.
 			name:        "node unknown to the lister: patched anyway, NotFound confirms the empty report",
 			patchErr:    apierrors.NewNotFound(v1.Resource("nodes"), node),
-			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached, Reported: true, Withdrawn: true}, {Key: key(volB), State: cache.Attached}},
+			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached, Withdrawn: true}, {Key: key(volB), State: cache.Attached}},
+			listed:      []v1.AttachedVolume{av(volA, "")},
 			wantPatch:   `{"status":{"volumesAttached":[{"name":"kubernetes.io/csi/d.example.com^b","devicePath":""}]}}`,
 			// Every attachment of the gone node: what it had mounted is
 			// unknown now; A also for its confirmed withdrawal.
@@ -139,7 +149,8 @@ func TestWriterSync(t *testing.T) {
 			name:        "node deleted since the lister saw it: empty report confirmed",
 			nodes:       []*v1.Node{n1},
 			patchErr:    apierrors.NewNotFound(v1.Resource("nodes"), node),
-			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached, Reported: true, Withdrawn: true}, {Key: key(volB), State: cache.Attached}},
+			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached, Withdrawn: true}, {Key: key(volB), State: cache.Attached}},
+			listed:      []v1.AttachedVolume{av(volA, "")},
 			wantPatch:   `{"status":{"volumesAttached":[{"name":"kubernetes.io/csi/d.example.com^b","devicePath":""}]}}`,
 			// Every attachment of the gone node: what it had mounted is
 			// unknown now; A also for its confirmed withdrawal.
@@ -149,18 +160,19 @@ func TestWriterSync(t *testing.T) {
 			name:        "patch fails: error, withdrawn volume still reported",
 			nodes:       []*v1.Node{n1},
 			patchErr:    errors.New("connection refused"),
-			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached, Reported: true, Withdrawn: true}, {Key: key(volB), State: cache.Attached}},
+			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached, Withdrawn: true}, {Key: key(volB), State: cache.Attached}},
+			listed:      []v1.AttachedVolume{av(volA, "")},
 			wantPatch:   `{"status":{"volumesAttached":[{"name":"kubernetes.io/csi/d.example.com^b","devicePath":""}]}}`,
 			wantErr:     "patch node node-1 status: connection refused",
-			// B counts as reported (the write may have landed); A is
+			// B counts as listed (the write may have landed); A is
 			// returned because its detach waits on this write.
-			wantKeys:     []cache.Key{key(volA), key(volB)},
-			wantReported: []v1.AttachedVolume{av(volA, ""), av(volB, "")},
+			wantKeys:   []cache.Key{key(volA), key(volB)},
+			wantListed: []v1.AttachedVolume{av(volA, ""), av(volB, "")},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFixture(t, tt.nodes, tt.attachments, tt.patchErr)
+			f := newFixture(t, tt.nodes, tt.attachments, tt.listed, tt.patchErr)
 			_, ctx := ktesting.NewTestContext(t)
 			keys, _, err := f.writer.Sync(ctx, node)
 			gotErr := ""
@@ -173,10 +185,10 @@ func TestWriterSync(t *testing.T) {
 			if len(keys) != len(tt.wantKeys) || (len(keys) > 0 && !reflect.DeepEqual(sortKeys(keys), sortKeys(tt.wantKeys))) {
 				t.Errorf("keys %v, want %v", keys, tt.wantKeys)
 			}
-			if got := f.actual.Reported(node); !reflect.DeepEqual(got, tt.wantReported) {
-				t.Errorf("reported %v, want %v", got, tt.wantReported)
+			if got := f.record.Listed(node); !reflect.DeepEqual(got, tt.wantListed) {
+				t.Errorf("listed %v, want %v", got, tt.wantListed)
 			}
-			if f.actual.ReportInFlight(node) {
+			if f.record.InFlight(node) {
 				t.Errorf("write still in flight after Sync")
 			}
 			var patches []k8stesting.PatchAction
@@ -225,6 +237,7 @@ func TestWriterRetriesFailedWrite(t *testing.T) {
 	tests := []struct {
 		name        string
 		attachments []cache.Attachment
+		listed      []v1.AttachedVolume
 		wantPatch   string
 	}{
 		{
@@ -234,13 +247,14 @@ func TestWriterRetriesFailedWrite(t *testing.T) {
 		},
 		{
 			name:        "withdrawn volume",
-			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached, Reported: true, Withdrawn: true}},
+			attachments: []cache.Attachment{{Key: key(volA), State: cache.Attached, Withdrawn: true}},
+			listed:      []v1.AttachedVolume{av(volA, "")},
 			wantPatch:   `{"status":{"volumesAttached":null}}`,
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFixture(t, []*v1.Node{{ObjectMeta: metav1.ObjectMeta{Name: node}}}, tt.attachments, nil)
+			f := newFixture(t, []*v1.Node{{ObjectMeta: metav1.ObjectMeta{Name: node}}}, tt.attachments, tt.listed, nil)
 			failing := true
 			f.client.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
 				if failing {
@@ -273,7 +287,7 @@ func TestWriterRetriesFailedWrite(t *testing.T) {
 // status is written again.
 func TestWriterWriteLandedOnReplacedNode(t *testing.T) {
 	old := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "old", ResourceVersion: "10"}}
-	f := newFixture(t, []*v1.Node{old}, []cache.Attachment{{Key: key(volA), State: cache.Attached}}, nil)
+	f := newFixture(t, []*v1.Node{old}, []cache.Attachment{{Key: key(volA), State: cache.Attached}}, nil, nil)
 	_, ctx := ktesting.NewTestContext(t)
 	// The write begins while the controller knows the old object; the
 	// new one is read before the answer comes.
@@ -302,7 +316,7 @@ func TestWriterWriteLandedOnReplacedNode(t *testing.T) {
 	if want := []v1.AttachedVolume{av(volA, "")}; !reflect.DeepEqual(got.Status.VolumesAttached, want) {
 		t.Errorf("status of the Node created again lists %v, want %v", got.Status.VolumesAttached, want)
 	}
-	if n, _, _ := f.actual.Unsettled(10); n != 0 {
+	if n, _, _ := f.record.Unsettled(10); n != 0 {
 		t.Errorf("%d unsettled after the write to the Node created again, want 0", n)
 	}
 }
@@ -315,7 +329,7 @@ func TestWriterSyncHolds(t *testing.T) {
 	f := newFixture(t, []*v1.Node{{ObjectMeta: metav1.ObjectMeta{Name: node}}}, []cache.Attachment{
 		{Key: key(volA), State: cache.Attached},
 		{Key: key(volB), State: cache.Uncertain},
-	}, nil)
+	}, nil, nil)
 	clk := clocktesting.NewFakePassiveClock(t0)
 	f.writer.Hold, f.writer.Clock = time.Second, clk
 	_, ctx := ktesting.NewTestContext(t)

@@ -6,10 +6,12 @@ import (
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
+	"github.com/kube-attach/attach-detach-controller/pkg/nodestatus"
 	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
@@ -62,6 +64,7 @@ func (benchMechanism) Detach(context.Context, cache.Attachment) (bool, error) { 
 func benchWorld(b *testing.B) (*reconciler.Reconciler, *cache.DesiredState, *cache.ActualState) {
 	b.Helper()
 	desired, actual := cache.NewDesiredState(), cache.NewActualState()
+	status := nodestatus.NewRecord(actual)
 	for n := range benchNodes + 1 {
 		actual.SetNode(benchNode(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: map[volume.Name]bool{}})
 	}
@@ -73,8 +76,9 @@ func benchWorld(b *testing.B) (*reconciler.Reconciler, *cache.DesiredState, *cac
 			a.PluginName = volume.CSIPluginName
 			a.Spec = spec
 			a.AttachmentName = volume.AttachmentName(spec.VolumeHandle, spec.Driver, benchNode(v/benchPerNode))
-			a.Reported = true
 		})
+		// Listed in its node's status.
+		status.Recover(benchNode(v/benchPerNode), []v1.AttachedVolume{{Name: v1.UniqueVolumeName(spec.Name)}})
 	}
 	for v := range benchVolumes {
 		pod := cache.PodRef{Namespace: "bench", Name: fmt.Sprintf("pod-%06d", v), UID: fmt.Sprintf("uid-%06d", v)}
@@ -83,7 +87,7 @@ func benchWorld(b *testing.B) (*reconciler.Reconciler, *cache.DesiredState, *cac
 	}
 	attach(benchVolumes)
 	m := metrics.New()
-	r := reconciler.New(desired, actual, map[volume.Kind]reconciler.Mechanism{volume.KindCSI: benchMechanism{}},
+	r := reconciler.New(desired, actual, status, map[volume.Kind]reconciler.Mechanism{volume.KindCSI: benchMechanism{}},
 		&record.FakeRecorder{}, m, reconciler.Config{MaxWaitForUnmount: 6 * time.Minute})
 	return r, desired, actual
 }

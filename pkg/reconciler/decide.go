@@ -94,7 +94,7 @@ func (r *Reconciler) Decide(k cache.Key, now time.Time) Decision {
 		// may still be attached, and the node may have come back and
 		// mounted it since: each try is decided again under the detach
 		// rules, as the first was.
-		if r.actual.ReportPending(k) {
+		if r.status.Pending(k) {
 			return d.with(Wait, "a detach from node %s started; waiting for node status to stop listing the volume", k.Node)
 		}
 		if wait := r.detachRules(&d, node, now); wait != "" {
@@ -183,7 +183,7 @@ func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time
 		// node status write then re-queues it, whatever that write was.
 		return d.with(Withdraw, "no pod wants it; removing it from node %s status before the detach", k.Node)
 	}
-	if r.actual.ReportPending(k) {
+	if r.status.Pending(k) {
 		return d.with(Wait, "waiting for node %s status to stop listing the volume before the detach", k.Node)
 	}
 	return d.with(Detach, "no pod wants it")

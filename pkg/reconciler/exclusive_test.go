@@ -12,6 +12,7 @@ import (
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
+	"github.com/kube-attach/attach-detach-controller/pkg/nodestatus"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
@@ -77,7 +78,7 @@ func TestSingleNodeAttachIsExclusiveAcrossWorkers(t *testing.T) {
 			desired.SetPod(podA, node1, []*volume.Spec{tc.spec})
 			desired.SetPod(podB, node2, []*volume.Spec{tc.other})
 			g := &gateMechanism{entered: make(chan cache.Key, 2), release: make(chan struct{})}
-			r := New(desired, actual, map[volume.Kind]Mechanism{volume.KindCSI: g, volume.KindInTree: g}, record.NewFakeRecorder(10), metrics.New(),
+			r := New(desired, actual, nodestatus.NewRecord(actual), map[volume.Kind]Mechanism{volume.KindCSI: g, volume.KindInTree: g}, record.NewFakeRecorder(10), metrics.New(),
 				Config{MaxWaitForUnmount: time.Minute})
 			k1, k2 := key(tc.spec, node1), key(tc.other, node2)
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
+	"github.com/kube-attach/attach-detach-controller/pkg/nodestatus"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
@@ -98,7 +99,8 @@ func TestHandoffFinishesAnUnconfirmedAttachWhilePodsAreRead(t *testing.T) {
 			}
 			desired.SetPartial(true)
 			m := &countingMechanism{}
-			r := New(desired, actual, map[volume.Kind]Mechanism{volume.KindCSI: m}, record.NewFakeRecorder(10), metrics.New(),
+			status := nodestatus.NewRecord(actual)
+			r := New(desired, actual, status, map[volume.Kind]Mechanism{volume.KindCSI: m}, record.NewFakeRecorder(10), metrics.New(),
 				Config{MaxWaitForUnmount: time.Minute})
 			if _, err := r.Sync(ctx, k); err != nil {
 				t.Fatal(err)
@@ -106,7 +108,7 @@ func TestHandoffFinishesAnUnconfirmedAttachWhilePodsAreRead(t *testing.T) {
 			if m.attaches != 0 || m.detaches != 0 {
 				t.Fatalf("before a handoff: %d attaches, %d detaches; want none (it waits for the pods)", m.attaches, m.detaches)
 			}
-			actual.HandOver()
+			status.HandOver()
 			if _, err := r.Sync(ctx, k); err != nil {
 				t.Fatal(err)
 			}
@@ -133,9 +135,10 @@ func TestHandoffFinishesADetachThatBeganOnceItMay(t *testing.T) {
 		a.Withdrawn, a.DetachWanted, a.DetachStarted, a.DetachError = true, t0, t0, "timeout"
 	})
 	m := &countingMechanism{}
-	r := New(desired, actual, map[volume.Kind]Mechanism{volume.KindCSI: m}, record.NewFakeRecorder(10), metrics.New(),
+	status := nodestatus.NewRecord(actual)
+	r := New(desired, actual, status, map[volume.Kind]Mechanism{volume.KindCSI: m}, record.NewFakeRecorder(10), metrics.New(),
 		Config{MaxWaitForUnmount: time.Minute, Clock: clk})
-	actual.HandOver()
+	status.HandOver()
 	res, err := r.Sync(ctx, k)
 	if err != nil {
 		t.Fatal(err)

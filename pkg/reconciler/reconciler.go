@@ -25,6 +25,7 @@ import (
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
+	"github.com/kube-attach/attach-detach-controller/pkg/nodestatus"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
@@ -106,8 +107,11 @@ type Result struct {
 
 // Reconciler drives the actual state towards the desired state.
 type Reconciler struct {
-	desired    *cache.DesiredState
-	actual     *cache.ActualState
+	desired *cache.DesiredState
+	actual  *cache.ActualState
+	// status is what node status lists: a detach starts only once it no
+	// longer may (BeginDetach).
+	status     *nodestatus.Record
 	mechanisms map[volume.Kind]Mechanism
 	recorder   record.EventRecorder
 	metrics    *metrics.Metrics
@@ -136,9 +140,9 @@ type Reconciler struct {
 // delivers it: a handoff is not done while one is.
 func (r *Reconciler) Syncing() int { return int(r.syncing.Load()) }
 
-// New returns a Reconciler. mechanisms maps each volume kind to the
-// mechanism that attaches it.
-func New(desired *cache.DesiredState, actual *cache.ActualState, mechanisms map[volume.Kind]Mechanism,
+// New returns a Reconciler. status is the record of actual's node statuses;
+// mechanisms maps each volume kind to the mechanism that attaches it.
+func New(desired *cache.DesiredState, actual *cache.ActualState, status *nodestatus.Record, mechanisms map[volume.Kind]Mechanism,
 	recorder record.EventRecorder, m *metrics.Metrics, cfg Config) *Reconciler {
 	now := time.Now
 	if cfg.Clock != nil {
@@ -147,6 +151,7 @@ func New(desired *cache.DesiredState, actual *cache.ActualState, mechanisms map[
 	return &Reconciler{
 		desired:    desired,
 		actual:     actual,
+		status:     status,
 		mechanisms: mechanisms,
 		recorder:   recorder,
 		metrics:    m,
@@ -305,10 +310,10 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 		return Result{}, fmt.Errorf("no mechanism attaches volumes of kind %q", spec.Kind)
 	}
 	// A node status write that waits for the attaches under way on the
-	// node (cache.ActualState.HoldReport) waits for this call too, until
+	// node (nodestatus.Record.Hold) waits for this call too, until
 	// its outcome is on record; its end queues the write, which may have
 	// nothing left to wait for.
-	r.actual.StartAttach(d.Key.Node)
+	r.status.StartAttach(d.Key.Node)
 	res, err := mech.Attach(ctx, spec, d.Key.Node)
 	// A mechanism sure it attached nothing (no attacher for the volume)
 	// records nothing: an uncertain attachment would hold a single-node
@@ -358,7 +363,7 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 		}
 		state = a.State
 	})
-	held := r.actual.EndAttach(d.Key.Node)
+	held := r.status.EndAttach(d.Key.Node)
 	if err != nil {
 		r.metrics.AttachErrors.WithLabelValues(pluginLabel(spec)).Inc()
 		var took time.Duration
@@ -395,7 +400,7 @@ func (r *Reconciler) detach(ctx context.Context, d Decision, now time.Time) (Res
 	// The detach may complete (and be observed) before Detach returns: its
 	// start must be on record first, and from then on no node status
 	// report may list the volume.
-	if !r.actual.BeginDetach(d.Key, now) {
+	if !r.status.BeginDetach(d.Key, now) {
 		logger.V(2).Info("Node status may list the volume again; the detach waits for the next write")
 		return Result{WriteNodeStatus: true}, nil
 	}

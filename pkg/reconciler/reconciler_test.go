@@ -20,6 +20,7 @@ import (
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/intree"
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
+	"github.com/kube-attach/attach-detach-controller/pkg/nodestatus"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
@@ -122,13 +123,15 @@ type env struct {
 	t       *testing.T
 	desired *cache.DesiredState
 	actual  *cache.ActualState
-	rec     *record.FakeRecorder
-	m       *metrics.Metrics
-	r       *Reconciler
-	now     time.Time
-	calls   []string
-	attach  map[volume.Name]attachReply
-	detach  map[volume.Name]detachReply
+	// status is the node status record the reconciler reads.
+	status *nodestatus.Record
+	rec    *record.FakeRecorder
+	m      *metrics.Metrics
+	r      *Reconciler
+	now    time.Time
+	calls  []string
+	attach map[volume.Name]attachReply
+	detach map[volume.Name]detachReply
 	// writing holds the list of a node status write begun by begin.
 	writing map[string][]v1.AttachedVolume
 }
@@ -145,27 +148,28 @@ func newEnv(t *testing.T, cfg Config) *env {
 		detach:  map[volume.Name]detachReply{},
 		writing: map[string][]v1.AttachedVolume{},
 	}
+	e.status = nodestatus.NewRecord(e.actual)
 	mechs := map[volume.Kind]Mechanism{}
 	for _, kind := range []volume.Kind{volume.KindCSI, volume.KindInTree} {
 		mechs[kind] = &fakeMechanism{kind: kind, calls: &e.calls, attach: e.attach, detach: e.detach, actual: e.actual}
 	}
-	e.r = New(e.desired, e.actual, mechs, e.rec, e.m, cfg)
+	e.r = New(e.desired, e.actual, e.status, mechs, e.rec, e.m, cfg)
 	e.r.now = func() time.Time { return e.now }
 	return e
 }
 
 // begin starts a node status write, as the node status writer does.
 func (e *env) begin(node string) {
-	list, changed := e.actual.BeginReport(node)
+	list, changed := e.status.Begin(node)
 	if !changed {
-		e.t.Fatalf("BeginReport(%s): no change to write", node)
+		e.t.Fatalf("Begin(%s): no change to write", node)
 	}
 	e.writing[node] = list
 }
 
 // end finishes the write begin started.
 func (e *env) end(node string, ok bool) {
-	e.actual.EndReport(node, e.writing[node], ok)
+	e.status.End(node, e.writing[node], ok)
 	delete(e.writing, node)
 }
 
@@ -187,10 +191,17 @@ func (e *env) events() []string {
 	}
 }
 
+// fixture is an attachment on record when a test starts, and whether its
+// node's status lists it (the node status record).
+type fixture struct {
+	cache.Attachment
+	Reported bool
+}
+
 // attView is what a test checks of an attachment.
 type attView struct {
 	State        cache.State
-	Reported     bool
+	Reported     bool // node status lists it (the node status record)
 	Withdrawn    bool
 	DetachWanted bool // a detach is wanted since some time
 	Unannounced  bool // an attach was started and not announced yet
@@ -200,9 +211,9 @@ type attView struct {
 	DetachError  string
 }
 
-func view(a cache.Attachment) attView {
+func (e *env) view(a cache.Attachment) attView {
 	return attView{
-		State: a.State, Reported: a.Reported, Withdrawn: a.Withdrawn, DetachWanted: !a.DetachWanted.IsZero(),
+		State: a.State, Reported: e.status.IsListed(a.Key), Withdrawn: a.Withdrawn, DetachWanted: !a.DetachWanted.IsZero(),
 		Unannounced: !a.Announced(), DevicePath: a.DevicePath, Name: a.AttachmentName,
 		AttachError: a.AttachError, DetachError: a.DetachError,
 	}
@@ -270,14 +281,14 @@ func TestSync(t *testing.T) {
 		}
 		return info
 	}
-	attached := func(s *volume.Spec, node string, f func(*cache.Attachment)) cache.Attachment {
-		a := cache.Attachment{Key: key(s, node), State: cache.Attached, Kind: s.Kind, PluginName: s.PluginName, Spec: s, Reported: true}
+	attached := func(s *volume.Spec, node string, f func(*fixture)) fixture {
+		a := fixture{Attachment: cache.Attachment{Key: key(s, node), State: cache.Attached, Kind: s.Kind, PluginName: s.PluginName, Spec: s}, Reported: true}
 		if f != nil {
 			f(&a)
 		}
 		return a
 	}
-	withdrawn := func(a *cache.Attachment) { a.Withdrawn, a.Reported, a.DetachWanted = true, false, t0 }
+	withdrawn := func(a *fixture) { a.Withdrawn, a.Reported, a.DetachWanted = true, false, t0 }
 
 	tests := []struct {
 		name        string
@@ -285,7 +296,7 @@ func TestSync(t *testing.T) {
 		nodes       map[string]cache.NodeInfo
 		deleted     []string // nodes whose Node object is gone
 		pods        []wants
-		attachments []cache.Attachment
+		attachments []fixture
 		attach      map[volume.Name]attachReply
 		detach      map[volume.Name]detachReply
 		steps       []step
@@ -358,13 +369,13 @@ func TestSync(t *testing.T) {
 		{
 			name:        "attached already: nothing",
 			pods:        []wants{{podA, node1, []*volume.Spec{specA}}},
-			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			attachments: []fixture{attached(specA, node1, nil)},
 			steps:       []step{{key: key(specA, node1)}},
 			wantActual:  map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Reported: true}},
 		},
 		{
 			name:        "detach of an unmounted volume: withdraw, wait for the status write, detach",
-			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			attachments: []fixture{attached(specA, node1, nil)},
 			detach:      map[volume.Name]detachReply{specA.Name: {done: true}},
 			steps: []step{
 				{name: "withdraw", key: key(specA, node1), wantResult: Result{WriteNodeStatus: true}},
@@ -379,7 +390,7 @@ func TestSync(t *testing.T) {
 			// attach was ever reported: no status write will happen, so no
 			// write's end re-queues the key.
 			name:        "attached, not wanted, not in node status: withdraw and detach in one sync",
-			attachments: []cache.Attachment{attached(specA, node1, func(a *cache.Attachment) { a.Reported = false })},
+			attachments: []fixture{attached(specA, node1, func(a *fixture) { a.Reported = false })},
 			detach:      map[volume.Name]detachReply{specA.Name: {done: true}},
 			steps: []step{
 				{key: key(specA, node1), wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"},
@@ -390,9 +401,9 @@ func TestSync(t *testing.T) {
 		{
 			name: "attached, not wanted, not in node status, write in flight: withdraw waits for the write",
 			pods: []wants{{podA, node1, []*volume.Spec{specB}}},
-			attachments: []cache.Attachment{
-				attached(specA, node1, func(a *cache.Attachment) { a.Reported = false }),
-				attached(specB, node1, func(a *cache.Attachment) { a.Reported = false }),
+			attachments: []fixture{
+				attached(specA, node1, func(a *fixture) { a.Reported = false }),
+				attached(specB, node1, func(a *fixture) { a.Reported = false }),
 			},
 			detach: map[volume.Name]detachReply{specA.Name: {done: true}},
 			steps: []step{
@@ -410,7 +421,7 @@ func TestSync(t *testing.T) {
 			// reported again, even for a pod that wants it now.
 			name: "detach started, outcome unknown, wanted again: the detach is finished first",
 			pods: []wants{{podA, node1, []*volume.Spec{specA}}},
-			attachments: []cache.Attachment{attached(specA, node1, func(a *cache.Attachment) {
+			attachments: []fixture{attached(specA, node1, func(a *fixture) {
 				a.Reported, a.Withdrawn, a.DetachStarted = false, true, t0
 			})},
 			detach: map[volume.Name]detachReply{specA.Name: {done: false}},
@@ -424,16 +435,16 @@ func TestSync(t *testing.T) {
 			// withdrawn, so that the end of that write re-queues it.
 			name: "uncertain, unlisted, a write in flight: withdrawn, woken by the write's end",
 			pods: []wants{{podB, node1, []*volume.Spec{specB}}},
-			attachments: []cache.Attachment{
-				{Key: key(specA, node1), State: cache.Uncertain, Kind: volume.KindCSI, Spec: specA},
-				attached(specB, node1, func(a *cache.Attachment) { a.Reported = false }),
+			attachments: []fixture{
+				{Attachment: cache.Attachment{Key: key(specA, node1), State: cache.Uncertain, Kind: volume.KindCSI, Spec: specA}},
+				attached(specB, node1, func(a *fixture) { a.Reported = false }),
 			},
 			detach: map[volume.Name]detachReply{specA.Name: {done: true}},
 			steps: []step{
 				{name: "write begun", before: func(e *env) { e.begin(node1) }, key: key(specA, node1),
 					wantResult: Result{WriteNodeStatus: true}},
 				{name: "write done", before: func(e *env) {
-					if keys := e.actual.EndReport(node1, e.writing[node1], true); !slices.Contains(keys, key(specA, node1)) {
+					if keys := e.status.End(node1, e.writing[node1], true); !slices.Contains(keys, key(specA, node1)) {
 						e.t.Errorf("the end of the write re-queues %v, not the waiting key", keys)
 					}
 				}, key: key(specA, node1), wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}, wantResult: Result{Detached: true}},
@@ -442,16 +453,16 @@ func TestSync(t *testing.T) {
 		},
 		{
 			name:        "withdrawn but still reported: detach waits",
-			attachments: []cache.Attachment{attached(specA, node1, func(a *cache.Attachment) { a.Withdrawn = true })},
+			attachments: []fixture{attached(specA, node1, func(a *fixture) { a.Withdrawn = true })},
 			steps:       []step{{key: key(specA, node1)}, {advance: time.Hour, key: key(specA, node1)}},
 			wantActual:  map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Reported: true, Withdrawn: true, DetachWanted: true}},
 		},
 		{
 			name: "node status write in flight: detach waits for it",
 			pods: []wants{{podA, node1, []*volume.Spec{specB}}},
-			attachments: []cache.Attachment{
+			attachments: []fixture{
 				attached(specA, node1, withdrawn),
-				attached(specB, node1, func(a *cache.Attachment) { a.Reported = false }),
+				attached(specB, node1, func(a *fixture) { a.Reported = false }),
 			},
 			detach: map[volume.Name]detachReply{specA.Name: {done: true}},
 			steps: []step{
@@ -463,8 +474,8 @@ func TestSync(t *testing.T) {
 		},
 		{
 			name: "failed node status write: detach waits for a successful one",
-			attachments: []cache.Attachment{
-				attached(specA, node1, func(a *cache.Attachment) { a.Withdrawn = true }),
+			attachments: []fixture{
+				attached(specA, node1, func(a *fixture) { a.Withdrawn = true }),
 			},
 			detach: map[volume.Name]detachReply{specA.Name: {done: true}},
 			steps: []step{
@@ -476,7 +487,7 @@ func TestSync(t *testing.T) {
 		},
 		{
 			name: "detach completes later",
-			attachments: []cache.Attachment{attached(specA, node1, func(a *cache.Attachment) {
+			attachments: []fixture{attached(specA, node1, func(a *fixture) {
 				withdrawn(a)
 				a.AttachmentUID = "uid-va" // its object was seen: its deletion will be
 			})},
@@ -491,7 +502,7 @@ func TestSync(t *testing.T) {
 			// Created and deleted before any event showed it: no event will
 			// say it is gone, so each sync asks the API.
 			name:        "detaching, its object never seen: the API is asked again",
-			attachments: []cache.Attachment{attached(specA, node1, withdrawn)},
+			attachments: []fixture{attached(specA, node1, withdrawn)},
 			detach:      map[volume.Name]detachReply{specA.Name: {done: false}},
 			steps: []step{
 				{key: key(specA, node1), wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"}},
@@ -502,7 +513,7 @@ func TestSync(t *testing.T) {
 		},
 		{
 			name:        "detach error is returned and recorded",
-			attachments: []cache.Attachment{attached(specA, node1, withdrawn)},
+			attachments: []fixture{attached(specA, node1, withdrawn)},
 			detach:      map[volume.Name]detachReply{specA.Name: {err: errors.New("rpc timeout")}},
 			steps: []step{
 				{key: key(specA, node1), wantCalls: []string{"csi detach " + string(specA.Name) + "@node-1"},
@@ -512,8 +523,8 @@ func TestSync(t *testing.T) {
 		},
 		{
 			name: "recovered in-tree attachment is detached by the in-tree mechanism",
-			attachments: []cache.Attachment{{Key: cache.Key{Volume: iscsiName, Node: node1}, State: cache.Attached,
-				Withdrawn: true, DetachWanted: t0}},
+			attachments: []fixture{{Attachment: cache.Attachment{Key: cache.Key{Volume: iscsiName, Node: node1}, State: cache.Attached,
+				Withdrawn: true, DetachWanted: t0}}},
 			detach: map[volume.Name]detachReply{iscsiName: {done: true}},
 			steps: []step{
 				{key: cache.Key{Volume: iscsiName, Node: node1}, wantCalls: []string{"in-tree detach " + string(iscsiName) + "@node-1"}, wantResult: Result{Detached: true}},
@@ -523,7 +534,7 @@ func TestSync(t *testing.T) {
 		{
 			name:        "mounted on a Ready node: detach waits with no timer",
 			nodes:       map[string]cache.NodeInfo{node1: mounted(ready, specA.Name)},
-			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			attachments: []fixture{attached(specA, node1, nil)},
 			steps: []step{
 				{key: key(specA, node1)},
 				{advance: time.Hour, key: key(specA, node1)},
@@ -533,7 +544,7 @@ func TestSync(t *testing.T) {
 		{
 			name:        "mounted on a node not Ready: forced detach after the max wait",
 			nodes:       map[string]cache.NodeInfo{node1: mounted(cache.NodeInfo{Managed: true}, specA.Name)},
-			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			attachments: []fixture{attached(specA, node1, nil)},
 			detach:      map[volume.Name]detachReply{specA.Name: {done: true}},
 			steps: []step{
 				{key: key(specA, node1), wantResult: Result{RequeueAfter: 6 * time.Minute}},
@@ -549,7 +560,7 @@ func TestSync(t *testing.T) {
 			name:        "mounted on a node not Ready, force detach on timeout disabled: waits",
 			cfg:         &Config{MaxWaitForUnmount: 6 * time.Minute, DisableForceDetachOnTimeout: true},
 			nodes:       map[string]cache.NodeInfo{node1: mounted(cache.NodeInfo{Managed: true}, specA.Name)},
-			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			attachments: []fixture{attached(specA, node1, nil)},
 			steps: []step{
 				{key: key(specA, node1)},
 				{advance: time.Hour, key: key(specA, node1)},
@@ -560,7 +571,7 @@ func TestSync(t *testing.T) {
 			name:        "mounted on a deleted node: forced detach after the max wait",
 			nodes:       map[string]cache.NodeInfo{node1: mounted(ready, specA.Name)},
 			deleted:     []string{node1},
-			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			attachments: []fixture{attached(specA, node1, nil)},
 			detach:      map[volume.Name]detachReply{specA.Name: {done: true}},
 			steps: []step{
 				{key: key(specA, node1), wantResult: Result{RequeueAfter: 6 * time.Minute}},
@@ -575,7 +586,7 @@ func TestSync(t *testing.T) {
 			name: "out-of-service node: detached at once though mounted and Ready",
 			nodes: map[string]cache.NodeInfo{node1: mounted(cache.NodeInfo{Managed: true, Ready: true, OutOfService: true},
 				specA.Name)},
-			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			attachments: []fixture{attached(specA, node1, nil)},
 			detach:      map[volume.Name]detachReply{specA.Name: {done: true}},
 			steps: []step{
 				{name: "withdraw", key: key(specA, node1), wantResult: Result{WriteNodeStatus: true}},
@@ -589,7 +600,7 @@ func TestSync(t *testing.T) {
 			name:        "RWO attached to another node no pod wants it on: waiting-for-detach warning once, attach after the detach",
 			nodes:       map[string]cache.NodeInfo{node1: mounted(ready, specA.Name), node2: ready},
 			pods:        []wants{{podB, node2, []*volume.Spec{specA}}},
-			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			attachments: []fixture{attached(specA, node1, nil)},
 			attach:      map[volume.Name]attachReply{specA.Name: {res: AttachResult{Attached: true}}},
 			steps: []step{
 				// Byte for byte what kube-controller-manager v1.37 posts.
@@ -609,7 +620,7 @@ func TestSync(t *testing.T) {
 				{podA, node1, []*volume.Spec{specA}}, {podC, node1, []*volume.Spec{specA}}, {podE, node1, []*volume.Spec{specA}},
 				{podB, node2, []*volume.Spec{specA}}, {podD, node2, []*volume.Spec{specA}},
 			},
-			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			attachments: []fixture{attached(specA, node1, nil)},
 			steps: []step{
 				{key: key(specA, node2), wantEvents: []string{
 					waitingForDetach("pv-a", "Volume is already used by pod(s) pod-a, pod-e and 1 pod(s) in different namespaces"),
@@ -623,7 +634,7 @@ func TestSync(t *testing.T) {
 			name:        "RWO: the waiting pod is told once, though the wording changes while the other node detaches",
 			nodes:       map[string]cache.NodeInfo{node1: mounted(ready, specA.Name), node2: ready},
 			pods:        []wants{{podA, node1, []*volume.Spec{specA}}, {podB, node2, []*volume.Spec{specA}}},
-			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			attachments: []fixture{attached(specA, node1, nil)},
 			steps: []step{
 				{key: key(specA, node2), wantEvents: []string{waitingForDetach("pv-a", "Volume is already used by pod(s) pod-a")}},
 				{name: "pod-a gone, node-1 still attached: not told again",
@@ -636,7 +647,7 @@ func TestSync(t *testing.T) {
 			nodes: map[string]cache.NodeInfo{node1: ready, node2: ready},
 			pods: []wants{{podB, node2, []*volume.Spec{{Name: ebsCSI, Aliases: []volume.Name{ebsInTree}, Kind: volume.KindCSI,
 				Driver: "ebs.csi.aws.com", VolumeHandle: "vol-ebs", PVName: "pv-ebs", SingleNode: true, Migrated: true}}}},
-			attachments: []cache.Attachment{{Key: cache.Key{Volume: ebsInTree, Node: node1}, State: cache.Uncertain, Kind: volume.KindInTree}},
+			attachments: []fixture{{Attachment: cache.Attachment{Key: cache.Key{Volume: ebsInTree, Node: node1}, State: cache.Uncertain, Kind: volume.KindInTree}}},
 			steps: []step{
 				{key: cache.Key{Volume: ebsCSI, Node: node2}, wantEvents: []string{waitingForDetach("pv-ebs", exclusive)}},
 			},
@@ -645,7 +656,7 @@ func TestSync(t *testing.T) {
 		{
 			name:        "RWX on two nodes: both attached",
 			pods:        []wants{{podA, node1, []*volume.Spec{specX}}, {podB, node2, []*volume.Spec{specX}}},
-			attachments: []cache.Attachment{attached(specX, node1, nil)},
+			attachments: []fixture{attached(specX, node1, nil)},
 			attach:      map[volume.Name]attachReply{specX.Name: {res: AttachResult{Attached: true}}},
 			steps: []step{
 				{key: key(specX, node2), wantCalls: []string{"csi attach " + string(specX.Name) + "@node-2"},
@@ -659,8 +670,8 @@ func TestSync(t *testing.T) {
 		{
 			name: "uncertain attach is checked again, not announced",
 			pods: []wants{{podA, node1, []*volume.Spec{specA}}},
-			attachments: []cache.Attachment{{Key: key(specA, node1), State: cache.Uncertain, Kind: volume.KindCSI,
-				AttachmentName: "csi-a"}},
+			attachments: []fixture{{Attachment: cache.Attachment{Key: key(specA, node1), State: cache.Uncertain, Kind: volume.KindCSI,
+				AttachmentName: "csi-a"}}},
 			attach: map[volume.Name]attachReply{specA.Name: {res: AttachResult{AttachmentName: "csi-a"}}},
 			steps: []step{
 				{key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"}},
@@ -729,7 +740,7 @@ func TestSync(t *testing.T) {
 		{
 			name:        "wanted again while withdrawn: reported again",
 			pods:        []wants{{podA, node1, []*volume.Spec{specA}}},
-			attachments: []cache.Attachment{attached(specA, node1, withdrawn)},
+			attachments: []fixture{attached(specA, node1, withdrawn)},
 			steps: []step{
 				{key: key(specA, node1), wantResult: Result{WriteNodeStatus: true}},
 				{key: key(specA, node1)},
@@ -739,7 +750,7 @@ func TestSync(t *testing.T) {
 		{
 			name:        "wanted again while waiting for the unmount: max wait forgotten",
 			pods:        []wants{{podA, node1, []*volume.Spec{specA}}},
-			attachments: []cache.Attachment{attached(specA, node1, func(a *cache.Attachment) { a.DetachWanted = t0 })},
+			attachments: []fixture{attached(specA, node1, func(a *fixture) { a.DetachWanted = t0 })},
 			steps:       []step{{key: key(specA, node1)}},
 			wantActual:  map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Reported: true}},
 		},
@@ -756,7 +767,7 @@ func TestSync(t *testing.T) {
 		{
 			name: "pending mechanism, alias attached on this node: nothing, alias kept",
 			pods: []wants{{podA, node1, []*volume.Spec{specPending}}},
-			attachments: []cache.Attachment{{Key: cache.Key{Volume: ebsCSI, Node: node1}, State: cache.Attached, Kind: volume.KindCSI,
+			attachments: []fixture{{Attachment: cache.Attachment{Key: cache.Key{Volume: ebsCSI, Node: node1}, State: cache.Attached, Kind: volume.KindCSI},
 				Reported: true}},
 			steps: []step{
 				{key: key(specPending, node1)},
@@ -768,8 +779,8 @@ func TestSync(t *testing.T) {
 		{
 			name: "pending mechanism, alias withdrawn on this node: reported again",
 			pods: []wants{{podA, node1, []*volume.Spec{specPending}}},
-			attachments: []cache.Attachment{{Key: cache.Key{Volume: ebsCSI, Node: node1}, State: cache.Attached, Kind: volume.KindCSI,
-				Withdrawn: true, DetachWanted: t0}},
+			attachments: []fixture{{Attachment: cache.Attachment{Key: cache.Key{Volume: ebsCSI, Node: node1}, State: cache.Attached, Kind: volume.KindCSI,
+				Withdrawn: true, DetachWanted: t0}}},
 			steps: []step{
 				{name: "the alias", key: cache.Key{Volume: ebsCSI, Node: node1}, wantResult: Result{WriteNodeStatus: true}},
 			},
@@ -779,16 +790,16 @@ func TestSync(t *testing.T) {
 			name:        "node not managed: nothing",
 			nodes:       map[string]cache.NodeInfo{node1: {Ready: true}},
 			pods:        []wants{{podA, node1, []*volume.Spec{specB}}},
-			attachments: []cache.Attachment{attached(specA, node1, nil)},
+			attachments: []fixture{attached(specA, node1, nil)},
 			steps:       []step{{key: key(specA, node1)}, {key: key(specB, node1)}},
 			wantActual:  map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Reported: true}},
 		},
 		{
 			name: "detaching: wait, wanted or not",
 			pods: []wants{{podB, node2, []*volume.Spec{specX}}},
-			attachments: []cache.Attachment{
-				{Key: key(specA, node1), State: cache.Detaching, Withdrawn: true},
-				{Key: key(specX, node2), State: cache.Detaching, Withdrawn: true},
+			attachments: []fixture{
+				{Attachment: cache.Attachment{Key: key(specA, node1), State: cache.Detaching, Withdrawn: true}},
+				{Attachment: cache.Attachment{Key: key(specX, node2), State: cache.Detaching, Withdrawn: true}},
 			},
 			steps: []step{{key: key(specA, node1)}, {key: key(specX, node2)}},
 			wantActual: map[cache.Key]attView{
@@ -818,7 +829,10 @@ func TestSync(t *testing.T) {
 				e.actual.SetNode(name, info)
 			}
 			for _, a := range tt.attachments {
-				e.actual.Update(a.Key, true, func(at *cache.Attachment) { *at = a })
+				e.actual.Update(a.Key, true, func(at *cache.Attachment) { *at = a.Attachment })
+				if a.Reported {
+					e.status.Recover(a.Node, []v1.AttachedVolume{{Name: v1.UniqueVolumeName(a.Volume), DevicePath: a.DevicePath}})
+				}
 			}
 			for _, name := range tt.deleted {
 				e.actual.DeleteNode(name, true, time.Time{})
@@ -863,7 +877,7 @@ func TestSync(t *testing.T) {
 
 			got := map[cache.Key]attView{}
 			for _, a := range e.actual.Attachments() {
-				got[a.Key] = view(a)
+				got[a.Key] = e.view(a)
 			}
 			if !reflect.DeepEqual(got, tt.wantActual) {
 				t.Errorf("actual state:\n got %+v\nwant %+v", got, tt.wantActual)
@@ -973,7 +987,7 @@ func TestAttachCallHoldsNodeStatus(t *testing.T) {
 		name      string
 		reply     attachReply
 		wantErr   bool
-		wantAfter time.Duration // HoldReport once the call ended
+		wantAfter time.Duration // Hold once the call ended
 	}{
 		{name: "nothing attached", reply: attachReply{err: &NotAttachedError{Err: errors.New("no attacher")}}, wantErr: true},
 		{name: "attach failed", reply: attachReply{err: errors.New("refused")}, wantErr: true},
@@ -989,19 +1003,19 @@ func TestAttachCallHoldsNodeStatus(t *testing.T) {
 			e.desired.SetPod(podA, node1, []*volume.Spec{specA})
 			e.attach[specA.Name] = tt.reply
 			var during time.Duration
-			e.r.mechanisms[volume.KindCSI].(*fakeMechanism).during = func() { during = e.actual.HoldReport(node1, t0, time.Second) }
+			e.r.mechanisms[volume.KindCSI].(*fakeMechanism).during = func() { during = e.status.Hold(node1, t0, time.Second) }
 			res, err := e.r.Sync(context.Background(), key(specA, node1))
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("Sync error %v, want one: %v", err, tt.wantErr)
 			}
 			if during != time.Second {
-				t.Errorf("HoldReport during the attach call = %v, want 1s", during)
+				t.Errorf("Hold during the attach call = %v, want 1s", during)
 			}
 			if !res.WriteNodeStatus {
 				t.Errorf("result %+v: the end of the call does not queue the write that waits for it", res)
 			}
-			if got := e.actual.HoldReport(node1, t0.Add(100*time.Millisecond), time.Second); got != tt.wantAfter {
-				t.Errorf("HoldReport after the call = %v, want %v", got, tt.wantAfter)
+			if got := e.status.Hold(node1, t0.Add(100*time.Millisecond), time.Second); got != tt.wantAfter {
+				t.Errorf("Hold after the call = %v, want %v", got, tt.wantAfter)
 			}
 		})
 	}

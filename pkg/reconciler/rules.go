@@ -125,9 +125,10 @@ func (c Config) DeletedNodeWait() time.Duration {
 	return c.MaxWaitForUnmount
 }
 
-// The handoff rule: a controller that stops gracefully (ActualState.HandOver)
-// leaves every volume either attached and listed in its node's status, or
-// gone, for whichever controller runs next (pkg/cache/handoff.go says why).
+// The handoff rule: a controller that stops gracefully
+// (nodestatus.Record.HandOver) leaves every volume either attached and
+// listed in its node's status, or gone, for whichever controller runs next
+// (pkg/nodestatus/handoff.go says why).
 // It starts nothing new; it finishes what is under way.
 
 // handoffContinues says whether d, during a handoff, finishes what is under

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
+	"github.com/kube-attach/attach-detach-controller/pkg/nodestatus"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
@@ -284,7 +285,7 @@ func TestUncertainAttachNotRetriedWhileHeldElsewhere(t *testing.T) {
 				a.Kind, a.AttachmentUID = volume.KindCSI, tc.uid
 			})
 			actual.Update(key(specA, node2), true, func(a *cache.Attachment) { a.Kind, a.State = volume.KindCSI, cache.Attached })
-			r := New(desired, actual, nil, nil, nil, Config{MaxWaitForUnmount: time.Minute})
+			r := New(desired, actual, nodestatus.NewRecord(actual), nil, nil, nil, Config{MaxWaitForUnmount: time.Minute})
 			if d := r.Decide(key(specA, node1), now); d.Action != tc.want {
 				t.Errorf("decision %v, want %s", d, tc.want)
 			}
@@ -323,7 +324,7 @@ func TestStartedDetachStaysWithdrawn(t *testing.T) {
 	actual.Update(key(specA, node1), true, func(a *cache.Attachment) {
 		a.Kind, a.State, a.Withdrawn, a.DetachStarted = volume.KindCSI, cache.Attached, true, time.Now()
 	})
-	r := New(desired, actual, nil, record.NewFakeRecorder(10), metrics.New(), Config{MaxWaitForUnmount: time.Minute})
+	r := New(desired, actual, nodestatus.NewRecord(actual), nil, record.NewFakeRecorder(10), metrics.New(), Config{MaxWaitForUnmount: time.Minute})
 	if _, err := r.Sync(ctx, key(specA, node1)); err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +359,7 @@ func TestLateDetachAnswerLeavesANewObjectAlone(t *testing.T) {
 	actual.Update(k, true, func(a *cache.Attachment) {
 		a.Kind, a.State, a.AttachmentName, a.AttachmentUID, a.Withdrawn = volume.KindCSI, cache.Attached, "va", "uid-old", true
 	})
-	r := New(desired, actual, map[volume.Kind]Mechanism{volume.KindCSI: detachSwap{actual}}, record.NewFakeRecorder(10), metrics.New(),
+	r := New(desired, actual, nodestatus.NewRecord(actual), map[volume.Kind]Mechanism{volume.KindCSI: detachSwap{actual}}, record.NewFakeRecorder(10), metrics.New(),
 		Config{MaxWaitForUnmount: time.Minute})
 	if _, err := r.Sync(ctx, k); err != nil {
 		t.Fatal(err)
@@ -394,7 +395,7 @@ func TestGoneDetachAnswerDropsNoRecordChangedMeanwhile(t *testing.T) {
 	actual.Update(k, true, func(a *cache.Attachment) {
 		a.Kind, a.State, a.AttachmentName, a.AttachmentUID, a.Withdrawn = volume.KindCSI, cache.Attached, "va", "uid-old", true
 	})
-	r := New(desired, actual, map[volume.Kind]Mechanism{volume.KindCSI: detachGoneThenCreated{actual}}, record.NewFakeRecorder(10),
+	r := New(desired, actual, nodestatus.NewRecord(actual), map[volume.Kind]Mechanism{volume.KindCSI: detachGoneThenCreated{actual}}, record.NewFakeRecorder(10),
 		metrics.New(), Config{MaxWaitForUnmount: time.Minute})
 	res, err := r.Sync(ctx, k)
 	if err != nil {

@@ -6,10 +6,12 @@ import (
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
+	"github.com/kube-attach/attach-detach-controller/pkg/nodestatus"
 	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
@@ -36,14 +38,16 @@ func TestObserve(t *testing.T) {
 		VolumeHandle: "vol-a", PVName: "pv-a", SingleNode: true}
 	pod := cache.PodRef{Namespace: "default", Name: "pod-a", UID: "uid-a"}
 	desired, actual := cache.NewDesiredState(), cache.NewActualState()
+	status := nodestatus.NewRecord(actual)
 	rec := record.NewFakeRecorder(10)
-	r := reconciler.New(desired, actual, map[volume.Kind]reconciler.Mechanism{volume.KindCSI: noMechanism{t}}, rec, metrics.New(),
+	r := reconciler.New(desired, actual, status, map[volume.Kind]reconciler.Mechanism{volume.KindCSI: noMechanism{t}}, rec, metrics.New(),
 		reconciler.Config{MaxWaitForUnmount: time.Minute})
 	k := cache.Key{Volume: spec.Name, Node: "node-1"}
 	actual.SetNode("node-1", cache.NodeInfo{Exists: true, Managed: true, Ready: false, Seen: true, InUse: map[volume.Name]bool{spec.Name: true}})
 	actual.Update(k, true, func(a *cache.Attachment) {
-		a.State, a.Kind, a.Spec, a.Reported = cache.Attached, spec.Kind, spec, true
+		a.State, a.Kind, a.Spec = cache.Attached, spec.Kind, spec
 	})
+	status.Recover("node-1", []v1.AttachedVolume{{Name: v1.UniqueVolumeName(spec.Name)}})
 	desired.SetPod(pod, "node-1", []*volume.Spec{spec})
 
 	o := Observe(r, actual, k, t0, time.Time{})

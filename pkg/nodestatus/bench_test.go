@@ -1,0 +1,101 @@
+package nodestatus_test
+
+import (
+	"fmt"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/nodestatus"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+// The benchmarks run against a world of benchNodes x benchPerNode volumes
+// (pkg/cache's benchmarks' world): the scale the per-node work must not
+// depend on.
+const (
+	benchNodes   = 10_000
+	benchPerNode = 10
+	benchVolumes = benchNodes * benchPerNode // 100,000
+	benchDriver  = "bench.csi.example.com"
+)
+
+func benchNode(i int) string { return fmt.Sprintf("node-%05d", i) }
+
+// benchSpec is volume v: a ReadWriteOnce CSI PV.
+func benchSpec(v int) *volume.Spec {
+	handle := fmt.Sprintf("vol-%06d", v)
+	return &volume.Spec{
+		Name:         volume.CSIName(benchDriver, handle),
+		Kind:         volume.KindCSI,
+		PluginName:   volume.CSIPluginName,
+		Driver:       benchDriver,
+		VolumeHandle: handle,
+		PVName:       "pv-" + handle,
+		SingleNode:   true,
+	}
+}
+
+func benchKey(v int) cache.Key {
+	return cache.Key{Volume: benchSpec(v).Name, Node: benchNode(v / benchPerNode)}
+}
+
+// benchRecord returns an ActualState with every volume attached on managed
+// Ready nodes that have all their volumes in use, and a record in which
+// every node's status lists its volumes.
+func benchRecord(b *testing.B) (*cache.ActualState, *nodestatus.Record) {
+	b.Helper()
+	a := cache.NewActualState()
+	r := nodestatus.NewRecord(a)
+	for n := range benchNodes {
+		inUse := map[volume.Name]bool{}
+		var listed []v1.AttachedVolume
+		for j := range benchPerNode {
+			name := benchSpec(n*benchPerNode + j).Name
+			inUse[name] = true
+			listed = append(listed, v1.AttachedVolume{Name: v1.UniqueVolumeName(name)})
+		}
+		a.SetNode(benchNode(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: inUse})
+		r.Recover(benchNode(n), listed)
+	}
+	for v := range benchVolumes {
+		spec := benchSpec(v)
+		a.Update(benchKey(v), true, func(at *cache.Attachment) {
+			at.State = cache.Attached
+			at.Kind = volume.KindCSI
+			at.PluginName = volume.CSIPluginName
+			at.Spec = spec
+			at.AttachmentName = volume.AttachmentName(spec.VolumeHandle, spec.Driver, benchNode(v/benchPerNode))
+		})
+	}
+	return a, r
+}
+
+func BenchmarkRecordBegin(b *testing.B) {
+	a, r := benchRecord(b)
+	node := benchNode(42)
+	b.Run("unchanged", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, changed := r.Begin(node); changed {
+				b.Fatal("report changed")
+			}
+		}
+	})
+	b.Run("changed+End", func(b *testing.B) {
+		// One volume withdrawn, the report written; then back.
+		k := benchKey(42 * benchPerNode)
+		b.ReportAllocs()
+		for b.Loop() {
+			for _, withdrawn := range []bool{true, false} {
+				a.Update(k, false, func(at *cache.Attachment) { at.Withdrawn = withdrawn })
+				want, changed := r.Begin(node)
+				if !changed {
+					b.Fatal("report unchanged")
+				}
+				r.End(node, want, true)
+			}
+		}
+	})
+}
