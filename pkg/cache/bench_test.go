@@ -1,46 +1,29 @@
 package cache_test
 
 import (
-	"fmt"
 	"runtime"
 	"testing"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/cache/cachetest"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
-// The benchmarks run against a world of benchNodes x benchPerNode volumes,
-// one pod per volume: the scale the per-key work must not depend on.
+// The benchmarks run against the world of pkg/cache/cachetest: benchNodes x
+// benchPerNode volumes, one pod per volume, the scale the per-key work must
+// not depend on.
 const (
-	benchNodes   = 10_000
-	benchPerNode = 10
-	benchVolumes = benchNodes * benchPerNode // 100,000
-	benchDriver  = "bench.csi.example.com"
+	benchNodes   = cachetest.Nodes
+	benchPerNode = cachetest.PerNode
+	benchVolumes = cachetest.Volumes
 )
 
-func benchNode(i int) string { return fmt.Sprintf("node-%05d", i) }
-
-// benchSpec is volume v: a ReadWriteOnce CSI PV.
-func benchSpec(v int) *volume.Spec {
-	handle := fmt.Sprintf("vol-%06d", v)
-	return &volume.Spec{
-		Name:         volume.CSIName(benchDriver, handle),
-		Kind:         volume.KindCSI,
-		PluginName:   volume.CSIPluginName,
-		Driver:       benchDriver,
-		VolumeHandle: handle,
-		PVName:       "pv-" + handle,
-		SingleNode:   true,
-	}
-}
-
-func benchPod(v int) cache.PodRef {
-	return cache.PodRef{Namespace: "bench", Name: fmt.Sprintf("pod-%06d", v), UID: fmt.Sprintf("uid-%06d", v)}
-}
-
-func benchKey(v int) cache.Key {
-	return cache.Key{Volume: benchSpec(v).Name, Node: benchNode(v / benchPerNode)}
-}
+var (
+	benchNode = cachetest.Node
+	benchSpec = cachetest.Spec
+	benchKey  = cachetest.Key
+	benchPod  = cachetest.Pod
+)
 
 // benchDesired returns a DesiredState with every volume wanted by its pod.
 func benchDesired(b *testing.B) *cache.DesiredState {

@@ -1,45 +1,30 @@
 package nodestatus_test
 
 import (
-	"fmt"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/cache/cachetest"
 	"github.com/kube-attach/attach-detach-controller/pkg/nodestatus"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
 // The benchmarks run against a world of benchNodes x benchPerNode volumes
-// (pkg/cache's benchmarks' world): the scale the per-node work must not
+// (pkg/cache/cachetest): the scale the per-node work must not
 // depend on.
 const (
-	benchNodes   = 10_000
-	benchPerNode = 10
-	benchVolumes = benchNodes * benchPerNode // 100,000
-	benchDriver  = "bench.csi.example.com"
+	benchNodes   = cachetest.Nodes
+	benchPerNode = cachetest.PerNode
+	benchVolumes = cachetest.Volumes
 )
 
-func benchNode(i int) string { return fmt.Sprintf("node-%05d", i) }
-
-// benchSpec is volume v: a ReadWriteOnce CSI PV.
-func benchSpec(v int) *volume.Spec {
-	handle := fmt.Sprintf("vol-%06d", v)
-	return &volume.Spec{
-		Name:         volume.CSIName(benchDriver, handle),
-		Kind:         volume.KindCSI,
-		PluginName:   volume.CSIPluginName,
-		Driver:       benchDriver,
-		VolumeHandle: handle,
-		PVName:       "pv-" + handle,
-		SingleNode:   true,
-	}
-}
-
-func benchKey(v int) cache.Key {
-	return cache.Key{Volume: benchSpec(v).Name, Node: benchNode(v / benchPerNode)}
-}
+var (
+	benchNode = cachetest.Node
+	benchSpec = cachetest.Spec
+	benchKey  = cachetest.Key
+)
 
 // benchRecord returns an ActualState with every volume attached on managed
 // Ready nodes that have all their volumes in use, and a record in which

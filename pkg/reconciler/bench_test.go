@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/cache/cachetest"
 	"github.com/kube-attach/attach-detach-controller/pkg/metrics"
 	"github.com/kube-attach/attach-detach-controller/pkg/nodestatus"
 	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
@@ -20,30 +21,16 @@ import (
 // volumes, every one wanted by its pod and attached: the cost of a decision
 // must not grow with the world.
 const (
-	benchNodes   = 10_000
-	benchPerNode = 10
-	benchVolumes = benchNodes * benchPerNode // 100,000
-	benchDriver  = "bench.csi.example.com"
+	benchNodes   = cachetest.Nodes
+	benchPerNode = cachetest.PerNode
+	benchVolumes = cachetest.Volumes
 )
 
-func benchNode(i int) string { return fmt.Sprintf("node-%05d", i) }
-
-func benchSpec(v int) *volume.Spec {
-	handle := fmt.Sprintf("vol-%06d", v)
-	return &volume.Spec{
-		Name:         volume.CSIName(benchDriver, handle),
-		Kind:         volume.KindCSI,
-		PluginName:   volume.CSIPluginName,
-		Driver:       benchDriver,
-		VolumeHandle: handle,
-		PVName:       "pv-" + handle,
-		SingleNode:   true,
-	}
-}
-
-func benchKey(v int) cache.Key {
-	return cache.Key{Volume: benchSpec(v).Name, Node: benchNode(v / benchPerNode)}
-}
+var (
+	benchNode = cachetest.Node
+	benchSpec = cachetest.Spec
+	benchKey  = cachetest.Key
+)
 
 // benchMechanism starts attaches and detaches that never complete, and
 // makes no API call.
