@@ -9,28 +9,15 @@ import (
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
-// The benchmarks run against the world of pkg/cache/cachetest: benchNodes x
-// benchPerNode volumes, one pod per volume, the scale the per-key work must
-// not depend on.
-const (
-	benchNodes   = cachetest.Nodes
-	benchPerNode = cachetest.PerNode
-	benchVolumes = cachetest.Volumes
-)
-
-var (
-	benchNode = cachetest.Node
-	benchSpec = cachetest.Spec
-	benchKey  = cachetest.Key
-	benchPod  = cachetest.Pod
-)
+// The benchmarks run against the world of pkg/cache/cachetest (100,000
+// volumes, one pod each): the scale the per-key work must not depend on.
 
 // benchDesired returns a DesiredState with every volume wanted by its pod.
 func benchDesired(b *testing.B) *cache.DesiredState {
 	b.Helper()
 	d := cache.NewDesiredState()
-	for v := range benchVolumes {
-		d.SetPod(benchPod(v), benchNode(v/benchPerNode), []*volume.Spec{benchSpec(v)})
+	for v := range cachetest.Volumes {
+		d.SetPod(cachetest.Pod(v), cachetest.Node(v/cachetest.PerNode), []*volume.Spec{cachetest.Spec(v)})
 	}
 	return d
 }
@@ -39,22 +26,15 @@ func benchDesired(b *testing.B) *cache.DesiredState {
 func benchActual(b *testing.B) *cache.ActualState {
 	b.Helper()
 	a := cache.NewActualState()
-	for n := range benchNodes {
+	for n := range cachetest.Nodes {
 		inUse := map[volume.Name]bool{}
-		for j := range benchPerNode {
-			inUse[benchSpec(n*benchPerNode+j).Name] = true
+		for j := range cachetest.PerNode {
+			inUse[cachetest.Spec(n*cachetest.PerNode+j).Name] = true
 		}
-		a.SetNode(benchNode(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: inUse})
+		a.SetNode(cachetest.Node(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: inUse})
 	}
-	for v := range benchVolumes {
-		spec := benchSpec(v)
-		a.Update(benchKey(v), true, func(at *cache.Attachment) {
-			at.State = cache.Attached
-			at.Kind = volume.KindCSI
-			at.PluginName = volume.CSIPluginName
-			at.Spec = spec
-			at.AttachmentName = volume.AttachmentName(spec.VolumeHandle, spec.Driver, benchNode(v/benchPerNode))
-		})
+	for v := range cachetest.Volumes {
+		cachetest.Attach(a, v)
 	}
 	return a
 }
@@ -63,7 +43,7 @@ func BenchmarkDesiredStateSetPod(b *testing.B) {
 	d := benchDesired(b)
 	b.Run("add+remove", func(b *testing.B) {
 		// A new pod with a new volume on an existing node, then its deletion.
-		pod, spec, node := benchPod(benchVolumes), []*volume.Spec{benchSpec(benchVolumes)}, benchNode(0)
+		pod, spec, node := cachetest.Pod(cachetest.Volumes), []*volume.Spec{cachetest.Spec(cachetest.Volumes)}, cachetest.Node(0)
 		b.ReportAllocs()
 		for b.Loop() {
 			d.SetPod(pod, node, spec)
@@ -72,7 +52,7 @@ func BenchmarkDesiredStateSetPod(b *testing.B) {
 	})
 	b.Run("unchanged", func(b *testing.B) {
 		// A pod update that changes nothing the controller reads.
-		pod, spec, node := benchPod(4242), []*volume.Spec{benchSpec(4242)}, benchNode(4242/benchPerNode)
+		pod, spec, node := cachetest.Pod(4242), []*volume.Spec{cachetest.Spec(4242)}, cachetest.Node(4242/cachetest.PerNode)
 		b.ReportAllocs()
 		for b.Loop() {
 			if keys := d.SetPod(pod, node, spec); len(keys) != 0 {
@@ -84,7 +64,7 @@ func BenchmarkDesiredStateSetPod(b *testing.B) {
 
 func BenchmarkDesiredStateKeysFor(b *testing.B) {
 	d := benchDesired(b)
-	name := benchSpec(4242).Name
+	name := cachetest.Spec(4242).Name
 	b.ReportAllocs()
 	for b.Loop() {
 		if keys := d.KeysFor(name); len(keys) != 1 {
@@ -95,7 +75,7 @@ func BenchmarkDesiredStateKeysFor(b *testing.B) {
 
 func BenchmarkDesiredStateGet(b *testing.B) {
 	d := benchDesired(b)
-	k := benchKey(4242)
+	k := cachetest.Key(4242)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, _, ok := d.Get(k); !ok {
@@ -117,14 +97,14 @@ func BenchmarkActualStateUpdate(b *testing.B) {
 	a := benchActual(b)
 	b.Run("existing", func(b *testing.B) {
 		// A VolumeAttachment update that changes nothing.
-		k := benchKey(4242)
+		k := cachetest.Key(4242)
 		b.ReportAllocs()
 		for b.Loop() {
 			a.Update(k, false, func(at *cache.Attachment) { at.State = cache.Attached })
 		}
 	})
 	b.Run("create+delete", func(b *testing.B) {
-		k := cache.Key{Volume: benchSpec(benchVolumes).Name, Node: benchNode(0)}
+		k := cache.Key{Volume: cachetest.Spec(cachetest.Volumes).Name, Node: cachetest.Node(0)}
 		b.ReportAllocs()
 		for b.Loop() {
 			a.Update(k, true, func(at *cache.Attachment) { at.AttachmentName = "csi-new" })
@@ -135,10 +115,10 @@ func BenchmarkActualStateUpdate(b *testing.B) {
 
 func BenchmarkActualStateSetNode(b *testing.B) {
 	a := benchActual(b)
-	info, _ := a.Node(benchNode(42))
+	info, _ := a.Node(cachetest.Node(42))
 	b.ReportAllocs()
 	for b.Loop() {
-		if keys, _ := a.SetNode(benchNode(42), info); len(keys) != 0 {
+		if keys, _ := a.SetNode(cachetest.Node(42), info); len(keys) != 0 {
 			b.Fatalf("unchanged node touched %v", keys)
 		}
 	}
@@ -146,10 +126,10 @@ func BenchmarkActualStateSetNode(b *testing.B) {
 
 func BenchmarkActualStateAttachedElsewhere(b *testing.B) {
 	a := benchActual(b)
-	names := benchSpec(4242).AllNames()
+	names := cachetest.Spec(4242).AllNames()
 	b.ReportAllocs()
 	for b.Loop() {
-		a.AttachedElsewhere(names, benchNode(0))
+		a.AttachedElsewhere(names, cachetest.Node(0))
 	}
 }
 
@@ -167,7 +147,7 @@ func BenchmarkActualStateAttachments(b *testing.B) {
 	a := benchActual(b)
 	b.ReportAllocs()
 	for b.Loop() {
-		if got := len(a.Attachments()); got != benchVolumes {
+		if got := len(a.Attachments()); got != cachetest.Volumes {
 			b.Fatalf("%d attachments", got)
 		}
 	}
@@ -177,14 +157,14 @@ func BenchmarkActualStateAttachments(b *testing.B) {
 // and pod references excluded: the informers' objects and the other state
 // share them).
 func BenchmarkStateMemory(b *testing.B) {
-	specs := make([]*volume.Spec, benchVolumes)
-	pods := make([]cache.PodRef, benchVolumes)
-	nodes := make([]string, benchNodes)
+	specs := make([]*volume.Spec, cachetest.Volumes)
+	pods := make([]cache.PodRef, cachetest.Volumes)
+	nodes := make([]string, cachetest.Nodes)
 	for v := range specs {
-		specs[v], pods[v] = benchSpec(v), benchPod(v)
+		specs[v], pods[v] = cachetest.Spec(v), cachetest.Pod(v)
 	}
 	for n := range nodes {
-		nodes[n] = benchNode(n)
+		nodes[n] = cachetest.Node(n)
 	}
 	for _, tc := range []struct {
 		name  string
@@ -193,14 +173,14 @@ func BenchmarkStateMemory(b *testing.B) {
 		{"desired", func() any {
 			d := cache.NewDesiredState()
 			for v, spec := range specs {
-				d.SetPod(pods[v], nodes[v/benchPerNode], []*volume.Spec{spec})
+				d.SetPod(pods[v], nodes[v/cachetest.PerNode], []*volume.Spec{spec})
 			}
 			return d
 		}},
 		{"actual", func() any {
 			a := cache.NewActualState()
 			for v, spec := range specs {
-				a.Update(cache.Key{Volume: spec.Name, Node: nodes[v/benchPerNode]}, true, func(at *cache.Attachment) {
+				a.Update(cache.Key{Volume: spec.Name, Node: nodes[v/cachetest.PerNode]}, true, func(at *cache.Attachment) {
 					at.State = cache.Attached
 					at.Spec = spec
 				})
@@ -213,7 +193,7 @@ func BenchmarkStateMemory(b *testing.B) {
 			for b.Loop() {
 				before := benchHeap()
 				state := tc.build()
-				perVolume = float64(benchHeap()-before) / benchVolumes
+				perVolume = float64(benchHeap()-before) / cachetest.Volumes
 				runtime.KeepAlive(state)
 			}
 			b.ReportMetric(perVolume, "heap-B/volume")

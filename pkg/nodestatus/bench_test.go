@@ -11,20 +11,8 @@ import (
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
-// The benchmarks run against a world of benchNodes x benchPerNode volumes
-// (pkg/cache/cachetest): the scale the per-node work must not
-// depend on.
-const (
-	benchNodes   = cachetest.Nodes
-	benchPerNode = cachetest.PerNode
-	benchVolumes = cachetest.Volumes
-)
-
-var (
-	benchNode = cachetest.Node
-	benchSpec = cachetest.Spec
-	benchKey  = cachetest.Key
-)
+// The benchmarks run against the world of pkg/cache/cachetest (100,000
+// volumes): the scale the per-node work must not depend on.
 
 // benchRecord returns an ActualState with every volume attached on managed
 // Ready nodes that have all their volumes in use, and a record in which
@@ -33,33 +21,26 @@ func benchRecord(b *testing.B) (*cache.ActualState, *nodestatus.Record) {
 	b.Helper()
 	a := cache.NewActualState()
 	r := nodestatus.NewRecord(a)
-	for n := range benchNodes {
+	for n := range cachetest.Nodes {
 		inUse := map[volume.Name]bool{}
 		var listed []v1.AttachedVolume
-		for j := range benchPerNode {
-			name := benchSpec(n*benchPerNode + j).Name
+		for j := range cachetest.PerNode {
+			name := cachetest.Spec(n*cachetest.PerNode + j).Name
 			inUse[name] = true
 			listed = append(listed, v1.AttachedVolume{Name: v1.UniqueVolumeName(name)})
 		}
-		a.SetNode(benchNode(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: inUse})
-		r.Recover(benchNode(n), listed)
+		a.SetNode(cachetest.Node(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: inUse})
+		r.Recover(cachetest.Node(n), listed)
 	}
-	for v := range benchVolumes {
-		spec := benchSpec(v)
-		a.Update(benchKey(v), true, func(at *cache.Attachment) {
-			at.State = cache.Attached
-			at.Kind = volume.KindCSI
-			at.PluginName = volume.CSIPluginName
-			at.Spec = spec
-			at.AttachmentName = volume.AttachmentName(spec.VolumeHandle, spec.Driver, benchNode(v/benchPerNode))
-		})
+	for v := range cachetest.Volumes {
+		cachetest.Attach(a, v)
 	}
 	return a, r
 }
 
 func BenchmarkRecordBegin(b *testing.B) {
 	a, r := benchRecord(b)
-	node := benchNode(42)
+	node := cachetest.Node(42)
 	b.Run("unchanged", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -70,7 +51,7 @@ func BenchmarkRecordBegin(b *testing.B) {
 	})
 	b.Run("changed+End", func(b *testing.B) {
 		// One volume withdrawn, the report written; then back.
-		k := benchKey(42 * benchPerNode)
+		k := cachetest.Key(42 * cachetest.PerNode)
 		b.ReportAllocs()
 		for b.Loop() {
 			for _, withdrawn := range []bool{true, false} {

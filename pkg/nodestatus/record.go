@@ -183,12 +183,19 @@ func (r *Record) endLocked(node string, written []v1.AttachedVolume, ok bool) []
 func (r *Record) Pending(k cache.Key) bool {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
+	return r.pendingLocked(k)
+}
+
+func (r *Record) pendingLocked(k cache.Key) bool {
 	n := r.nodes[k.Node]
-	if n == nil {
-		return false
-	}
-	_, listed := n.listed[k.Volume]
-	return n.writing || listed
+	return n != nil && (n.writing || n.lists(k.Volume))
+}
+
+// lists reports whether the node's status lists v, as far as the
+// controller knows.
+func (n *report) lists(v volume.Name) bool {
+	_, ok := n.listed[v]
+	return ok
 }
 
 // BeginDetach starts the detach of the volume at k
@@ -199,12 +206,7 @@ func (r *Record) Pending(k cache.Key) bool {
 func (r *Record) BeginDetach(k cache.Key, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if n := r.nodes[k.Node]; n != nil {
-		if _, listed := n.listed[k.Volume]; listed || n.writing {
-			return false
-		}
-	}
-	return r.actual.StartDetach(k, now)
+	return !r.pendingLocked(k) && r.actual.StartDetach(k, now)
 }
 
 // InFlight reports whether a write of node's status is under way.
@@ -229,11 +231,7 @@ func (r *Record) IsListed(k cache.Key) bool {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	n := r.nodes[k.Node]
-	if n == nil {
-		return false
-	}
-	_, ok := n.listed[k.Volume]
-	return ok
+	return n != nil && n.lists(k.Volume)
 }
 
 func listedLocked(n *report) []v1.AttachedVolume {

@@ -2,7 +2,6 @@ package reconciler_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -17,20 +16,9 @@ import (
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
-// The benchmarks decide one key in a world of benchNodes x benchPerNode
-// volumes, every one wanted by its pod and attached: the cost of a decision
-// must not grow with the world.
-const (
-	benchNodes   = cachetest.Nodes
-	benchPerNode = cachetest.PerNode
-	benchVolumes = cachetest.Volumes
-)
-
-var (
-	benchNode = cachetest.Node
-	benchSpec = cachetest.Spec
-	benchKey  = cachetest.Key
-)
+// The benchmarks decide one key in the world of pkg/cache/cachetest
+// (100,000 volumes), every one wanted by its pod and attached: the cost of a
+// decision must not grow with the world.
 
 // benchMechanism starts attaches and detaches that never complete, and
 // makes no API call.
@@ -46,33 +34,25 @@ func (benchMechanism) Detach(context.Context, cache.Attachment) (bool, error) { 
 
 // benchWorld returns a Reconciler over 100,000 volumes wanted and attached
 // (and reported) on managed Ready nodes that have none in use, plus one
-// volume, benchVolumes, attached and wanted by nobody on a node of its own
-// (benchNode(benchNodes), as healthy as the others).
+// volume, cachetest.Volumes, attached and wanted by nobody on a node of its own
+// (cachetest.Node(cachetest.Nodes), as healthy as the others).
 func benchWorld(b *testing.B) (*reconciler.Reconciler, *cache.DesiredState, *cache.ActualState) {
 	b.Helper()
 	desired, actual := cache.NewDesiredState(), cache.NewActualState()
 	status := nodestatus.NewRecord(actual)
-	for n := range benchNodes + 1 {
-		actual.SetNode(benchNode(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: map[volume.Name]bool{}})
+	for n := range cachetest.Nodes + 1 {
+		actual.SetNode(cachetest.Node(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: map[volume.Name]bool{}})
 	}
 	attach := func(v int) {
-		spec := benchSpec(v)
-		actual.Update(benchKey(v), true, func(a *cache.Attachment) {
-			a.State = cache.Attached
-			a.Kind = volume.KindCSI
-			a.PluginName = volume.CSIPluginName
-			a.Spec = spec
-			a.AttachmentName = volume.AttachmentName(spec.VolumeHandle, spec.Driver, benchNode(v/benchPerNode))
-		})
+		cachetest.Attach(actual, v)
 		// Listed in its node's status.
-		status.Recover(benchNode(v/benchPerNode), []v1.AttachedVolume{{Name: v1.UniqueVolumeName(spec.Name)}})
+		status.Recover(cachetest.Node(v/cachetest.PerNode), []v1.AttachedVolume{{Name: v1.UniqueVolumeName(cachetest.Spec(v).Name)}})
 	}
-	for v := range benchVolumes {
-		pod := cache.PodRef{Namespace: "bench", Name: fmt.Sprintf("pod-%06d", v), UID: fmt.Sprintf("uid-%06d", v)}
-		desired.SetPod(pod, benchNode(v/benchPerNode), []*volume.Spec{benchSpec(v)})
+	for v := range cachetest.Volumes {
+		desired.SetPod(cachetest.Pod(v), cachetest.Node(v/cachetest.PerNode), []*volume.Spec{cachetest.Spec(v)})
 		attach(v)
 	}
-	attach(benchVolumes)
+	attach(cachetest.Volumes)
 	m := metrics.New()
 	r := reconciler.New(desired, actual, status, map[volume.Kind]reconciler.Mechanism{volume.KindCSI: benchMechanism{}},
 		&record.FakeRecorder{}, m, reconciler.Config{MaxWaitForUnmount: 6 * time.Minute})
@@ -84,16 +64,16 @@ func BenchmarkDecide(b *testing.B) {
 	now := time.Now()
 	// A new pod wants a volume nobody has attached: the single-node check
 	// looks for it on other nodes.
-	newVolume := benchVolumes + 1
-	desired.SetPod(cache.PodRef{Namespace: "bench", Name: "new", UID: "new"}, benchNode(7), []*volume.Spec{benchSpec(newVolume)})
+	newVolume := cachetest.Volumes + 1
+	desired.SetPod(cache.PodRef{Namespace: "bench", Name: "new", UID: "new"}, cachetest.Node(7), []*volume.Spec{cachetest.Spec(newVolume)})
 	for _, tc := range []struct {
 		name string
 		key  cache.Key
 		want reconciler.Action
 	}{
-		{"attached", benchKey(4242), reconciler.Nothing},
-		{"not-attached", cache.Key{Volume: benchSpec(newVolume).Name, Node: benchNode(7)}, reconciler.Attach},
-		{"not-wanted", benchKey(benchVolumes), reconciler.Withdraw},
+		{"attached", cachetest.Key(4242), reconciler.Nothing},
+		{"not-attached", cache.Key{Volume: cachetest.Spec(newVolume).Name, Node: cachetest.Node(7)}, reconciler.Attach},
+		{"not-wanted", cachetest.Key(cachetest.Volumes), reconciler.Withdraw},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
@@ -111,16 +91,16 @@ func BenchmarkDecide(b *testing.B) {
 func BenchmarkSync(b *testing.B) {
 	r, desired, _ := benchWorld(b)
 	ctx := context.Background()
-	newVolume := benchVolumes + 1
-	desired.SetPod(cache.PodRef{Namespace: "bench", Name: "new", UID: "new"}, benchNode(7), []*volume.Spec{benchSpec(newVolume)})
+	newVolume := cachetest.Volumes + 1
+	desired.SetPod(cache.PodRef{Namespace: "bench", Name: "new", UID: "new"}, cachetest.Node(7), []*volume.Spec{cachetest.Spec(newVolume)})
 	for _, tc := range []struct {
 		name string
 		key  cache.Key
 	}{
 		// Nothing to do: a re-queued key whose volume is attached.
-		{"attached", benchKey(4242)},
+		{"attached", cachetest.Key(4242)},
 		// An attach under way: the mechanism is asked again.
-		{"attaching", cache.Key{Volume: benchSpec(newVolume).Name, Node: benchNode(7)}},
+		{"attaching", cache.Key{Volume: cachetest.Spec(newVolume).Name, Node: cachetest.Node(7)}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()

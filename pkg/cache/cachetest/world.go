@@ -42,3 +42,15 @@ func Key(v int) cache.Key { return cache.Key{Volume: Spec(v).Name, Node: Node(v 
 func Pod(v int) cache.PodRef {
 	return cache.PodRef{Namespace: "bench", Name: fmt.Sprintf("pod-%06d", v), UID: fmt.Sprintf("uid-%06d", v)}
 }
+
+// Attach records volume v attached to its node by the CSI mechanism.
+func Attach(a *cache.ActualState, v int) {
+	spec := Spec(v)
+	a.Update(Key(v), true, func(at *cache.Attachment) {
+		at.State = cache.Attached
+		at.Kind = volume.KindCSI
+		at.PluginName = volume.CSIPluginName
+		at.Spec = spec
+		at.AttachmentName = volume.AttachmentName(spec.VolumeHandle, spec.Driver, Node(v/PerNode))
+	})
+}
