@@ -37,8 +37,8 @@ func (c *Controller) Recover(ctx context.Context) error {
 
 // RecoverHeld is Recover with the volume keys held back: they are returned
 // for the caller to queue (Run: feedRecovered), the keys with something to
-// do first (settledLast); only a volume a pod wants that is not attached and
-// reported yet is queued at once (Step). Only before the workers start.
+// do first (settledLast); only a volume a pod wants that is not attached yet
+// is queued at once (Step). Only before the workers start.
 func (c *Controller) RecoverHeld(ctx context.Context) ([]cache.Key, error) {
 	r, err := c.BeginRecovery(ctx)
 	if err != nil {
@@ -138,8 +138,8 @@ func (c *Controller) BeginRecovery(ctx context.Context) (*Recovery, error) {
 
 // Step reads up to n of the pods left; it reports whether any remain. A pod
 // changed or deleted since the list is read as it is now (its event, queued
-// meanwhile, reads it again). A volume a pod wants that is not attached and
-// reported yet (a pod created while the controller was down, or during its
+// meanwhile, reads it again). A volume a pod wants that is not attached yet
+// (a pod created while the controller was down, or during its
 // start) is queued at once: its attach needs no other pod read. Every other
 // key it changes gets its look from Finish.
 func (r *Recovery) Step(ctx context.Context, n int) (bool, error) {
@@ -262,8 +262,10 @@ const (
 
 // settledLast orders keys for the feed after a restart: first those whose
 // look may lead to a write (a volume a pod created while the controller was
-// down wants attached, one nobody wants, an attach left uncertain), then
-// those already as they should be: wanted, attached, in node status. The
+// down wants attached, one nobody wants, an attach left uncertain, one
+// withdrawn for a detach), then those already as they should be: wanted and
+// attached. (One attached that node status does not list yet has its write
+// queued by its node, not by its look.) The
 // settled are almost every key of a big cluster, and a new pod's volume
 // would otherwise wait behind all of them (its key comes from the pods,
 // after every VolumeAttachment's). The order is only the feed's: every key
@@ -283,11 +285,11 @@ func (c *Controller) settledLast(keys []cache.Key) []cache.Key {
 	return keys
 }
 
-// settled tells whether the volume at k is as it should be: wanted,
-// attached, in node status, no detach wanted.
+// settled tells whether the look at the volume at k has nothing to do: it
+// is wanted and attached, not withdrawn, no detach wanted.
 func (c *Controller) settled(k cache.Key) bool {
 	a, ok := c.actual.Get(k)
-	return ok && a.State == cache.Attached && c.status.IsListed(k) && a.DetachWanted.IsZero() && c.reconciler.Wanted(k)
+	return ok && a.State == cache.Attached && !a.Withdrawn && a.DetachWanted.IsZero() && c.reconciler.Wanted(k)
 }
 
 // feedRecovered adds keys to queue whenever it holds fewer than depth items,

@@ -112,10 +112,10 @@ func TestRecover(t *testing.T) {
 			checkList(t, "actual state after RecoverHeld", f.actualState(), tc.wantActual)
 			checkList(t, "desired state after RecoverHeld", f.desiredState(), tc.wantDesired)
 			// Queued at once: only a volume a pod wants that is not
-			// attached and reported yet.
+			// attached yet (or withdrawn, or wanted detached).
 			pending := f.volumes.pending()
 			for _, k := range pending {
-				if a, ok := f.c.actual.Get(k); !f.c.desired.Wanted(k) || (ok && a.State == cache.Attached && f.c.status.IsListed(k)) {
+				if a, ok := f.c.actual.Get(k); !f.c.desired.Wanted(k) || (ok && a.State == cache.Attached && !a.Withdrawn && a.DetachWanted.IsZero()) {
 					t.Errorf("volume key %v queued by RecoverHeld, want it held back", k)
 				}
 			}
