@@ -152,6 +152,27 @@ func TestNodeTurningManagedWaitsForItsPodsToBeRead(t *testing.T) {
 	}
 }
 
+// A node that turns managed while the controller still reads every pod
+// after its start (a controller asked to stop meanwhile reads no more of
+// them): its facts say managed at once, since nothing is taken as unwanted
+// before every pod is read, and it is not looked at again every second (a
+// handoff would never see its queue empty).
+func TestNodeTurningManagedWhilePodsAreReadAfterAStart(t *testing.T) {
+	f, k, vol := unmanagedNodeWithAttachment(t)
+	f.load(append(vol, pod("pod-b", "node-1", "claim-b"), node("node-1", resourceVersion("11")))...)
+	f.c.desired.SetPartial(true)
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	if n, _ := f.c.actual.Node("node-1"); !n.Managed {
+		t.Error("facts say unmanaged while every pod is read anyway before anything is taken as unwanted")
+	}
+	if _, later := f.queues[QueueNodes].after["node-1"]; later {
+		t.Error("node-1 looked at again later")
+	}
+	if d := f.c.reconciler.Decide(k, epoch); d.Action == "withdraw" || d.Action == "detach" {
+		t.Errorf("h1, pod-b not read yet: %v", d)
+	}
+}
+
 // A node made managed (version 11) whose own status write's answer
 // (version 12) comes first: the answer marks the pod not read yet before
 // the facts say managed, the sync of version 11, older than the answer,

@@ -87,9 +87,12 @@ func (c *Controller) nodeWritten(ctx context.Context, node *v1.Node) []cache.Key
 // taken as unwanted, they would be detached. So its facts say managed only
 // once the desired state has read every pod the informer lists on it; until
 // then they keep saying unmanaged, and the read of such a pod, or a look a
-// second later, queues the node again (readPod).
+// second later, queues the node again (readPod). Not while the controller
+// reads every pod after a start (the desired state is partial): nothing is
+// taken as unwanted then anyway, and a controller asked to stop meanwhile
+// reads no more pods, but finishes the attaches under way on the node.
 func (c *Controller) setNode(ctx context.Context, name string, info cache.NodeInfo) []cache.Key {
-	if old, ok := c.actual.Node(name); info.Managed && !c.rebuilding && (!ok || !old.Exists || !old.Managed) {
+	if old, ok := c.actual.Node(name); info.Managed && !c.rebuilding && !c.desired.Partial() && (!ok || !old.Exists || !old.Managed) {
 		if unread := c.unreadPods(name); unread > 0 {
 			klog.FromContext(ctx).V(2).Info("Node turned managed; waiting for its pods to be read", "unread", unread)
 			info.Managed = false
