@@ -397,7 +397,7 @@ func objectHandler(fn func(obj any)) toolscache.ResourceEventHandlerFuncs {
 func (c *Controller) nodeChanged(oldObj, obj any) {
 	if o, ok := oldObj.(*v1.Node); ok {
 		n, ok := obj.(*v1.Node)
-		if ok && sameNodeFacts(o, n) && sameAttached(n.Status.VolumesAttached, c.status.Listed(n.Name)) && c.knownFacts(n) {
+		if ok && sameNodeFacts(o, n) && c.status.Lists(n.Name, n.Status.VolumesAttached) && c.knownFacts(n) {
 			return
 		}
 		if ok && managed(o) != managed(n) {

@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -65,7 +64,7 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 		return fmt.Errorf("get node %s: %w", name, err)
 	}
 	c.touch(c.setNode(ctx, name, NodeInfo(node))...)
-	if !sameAttached(node.Status.VolumesAttached, c.status.Listed(name)) {
+	if !c.status.Lists(name, node.Status.VolumesAttached) {
 		c.statusDiffers(ctx, name, node.Status.VolumesAttached)
 	}
 	return nil
@@ -161,23 +160,6 @@ func NodeInfo(node *v1.Node) cache.NodeInfo {
 		info.InUse[volume.Name(v)] = true
 	}
 	return info
-}
-
-func sameAttached(a, b []v1.AttachedVolume) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	a = slices.Clone(a)
-	slices.SortFunc(a, func(x, y v1.AttachedVolume) int {
-		switch {
-		case x.Name < y.Name:
-			return -1
-		case x.Name > y.Name:
-			return 1
-		}
-		return 0
-	})
-	return slices.Equal(a, b)
 }
 
 // rewriteStatus is statusDiffers outside shadow mode: node.status lists

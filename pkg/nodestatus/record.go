@@ -234,6 +234,25 @@ func (r *Record) IsListed(k cache.Key) bool {
 	return n != nil && n.lists(k.Volume)
 }
 
+// Lists reports whether seen, node.status.volumesAttached as a Node object
+// holds it, is what the record says the status lists (Observe otherwise).
+func (r *Record) Lists(node string, seen []v1.AttachedVolume) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return sameList(seen, r.nodes[node])
+}
+
+// sameList compares seen, in any order, with what n lists.
+func sameList(seen []v1.AttachedVolume, n *report) bool {
+	listed := listedLocked(n)
+	if len(seen) != len(listed) {
+		return false
+	}
+	seen = slices.Clone(seen)
+	sortList(seen)
+	return slices.Equal(seen, listed)
+}
+
 func listedLocked(n *report) []v1.AttachedVolume {
 	if n == nil {
 		return nil
@@ -281,9 +300,7 @@ func (r *Record) Observe(node string, seen []v1.AttachedVolume) {
 }
 
 func (r *Record) observeLocked(node string, n *report, seen []v1.AttachedVolume) {
-	seen = slices.Clone(seen)
-	sortList(seen)
-	if slices.Equal(seen, listedLocked(n)) {
+	if sameList(seen, n) {
 		return
 	}
 	n.dirty = true

@@ -511,3 +511,25 @@ func TestAdds(t *testing.T) {
 		t.Error("Adds = true for a node with nothing")
 	}
 }
+
+// Lists compares what a Node object holds, in any order, with the record.
+func TestLists(t *testing.T) {
+	_, r := newRecord(nil, []v1.AttachedVolume{av(volA, ""), av(volB, "/dev/b")})
+	for _, tt := range []struct {
+		seen []v1.AttachedVolume
+		want bool
+	}{
+		{[]v1.AttachedVolume{av(volB, "/dev/b"), av(volA, "")}, true},
+		{[]v1.AttachedVolume{av(volA, ""), av(volB, "/dev/c")}, false},
+		{[]v1.AttachedVolume{av(volA, "")}, false},
+		{[]v1.AttachedVolume{av(volA, ""), av(volA, "")}, false},
+		{nil, false},
+	} {
+		if got := r.Lists("n1", tt.seen); got != tt.want {
+			t.Errorf("Lists(%v) = %v, want %v", tt.seen, got, tt.want)
+		}
+	}
+	if !r.Lists("n2", nil) {
+		t.Error("a node with nothing on record: an empty list is what it lists")
+	}
+}
