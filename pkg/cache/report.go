@@ -6,6 +6,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
 // What node.status.volumesAttached lists, and the write of it under way, is
@@ -46,6 +48,22 @@ func (a *ActualState) reportWantLocked(n *nodeEntry) []v1.AttachedVolume {
 	}
 	slices.SortFunc(want, func(x, y v1.AttachedVolume) int { return strings.Compare(string(x.Name), string(y.Name)) })
 	return want
+}
+
+// ReportsAny reports whether node's status must list a volume for which
+// pick is true, without building the list (ReportWant): the status queue
+// asks it at every add.
+func (a *ActualState) ReportsAny(node string, pick func(volume.Name) bool) bool {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if n := a.nodes[node]; n != nil {
+		for _, at := range n.attachments {
+			if reportLocked(at, a.handingOver) && pick(at.Volume) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // AttachPending reports whether a VolumeAttachment on node waits to be

@@ -447,13 +447,5 @@ func (r *Record) Adds(node string) bool {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	n := r.nodes[node]
-	for _, w := range r.actual.ReportWant(node) {
-		if n == nil {
-			return true
-		}
-		if _, ok := n.listed[volume.Name(w.Name)]; !ok {
-			return true
-		}
-	}
-	return false
+	return r.actual.ReportsAny(node, func(v volume.Name) bool { return n == nil || !n.lists(v) })
 }
