@@ -79,9 +79,13 @@ func (a Attachment) Announced() bool { return a.AttachStarted.IsZero() }
 
 // NodeInfo is what the controller knows of a node.
 type NodeInfo struct {
-	// Exists is false once the Node object is deleted (or was never seen);
-	// the other fields then keep their last known values.
-	Exists bool
+	// Exists: the Node object exists. Deleted: it is known gone (its
+	// deletion read, a status write answered that it does not exist, or
+	// absent from the API when read). A node that is neither has not been
+	// read yet (an attachment named it before its sync): nothing is known
+	// of it, not even whether it exists. Once deleted, the other fields
+	// keep their last known values.
+	Exists, Deleted bool
 	// Managed: the node has the controller-managed-attach-detach annotation.
 	Managed bool
 	// Ready: the node's Ready condition is True.
@@ -102,6 +106,10 @@ type NodeInfo struct {
 	// everything attached there may be mounted.
 	Seen bool
 }
+
+// Unread reports whether nothing is known of the node yet: named by an
+// attachment, not read by its sync.
+func (n NodeInfo) Unread() bool { return !n.Exists && !n.Deleted }
 
 // Mounted reports whether the volume may be mounted on the node.
 func (n NodeInfo) Mounted(v volume.Name) bool { return !n.Seen || n.InUse[v] }
@@ -309,25 +317,57 @@ func (a *ActualState) gcNodeLocked(name string) {
 }
 
 // SetNode records what the Node object says, unless the controller already
-// knows a newer version of it. It returns the keys of the node's attachments
-// whose decision may change: all of them when readiness, management or the
-// out-of-service taint changed, else those whose in-use flag changed. And
-// it reports whether the node turned managed (unmanaged, or not known to
-// exist, before): then what its pods want there with no attachment yet,
-// decided "not managed" or "no such node" until then, must be decided again
-// too, which this record of attachments cannot list.
+// knows a newer version of it, or knows that object deleted. It returns
+// the keys of the node's attachments whose decision may change: all of them
+// when existence, readiness, management or the out-of-service taint
+// changed, else those whose in-use flag changed. And it reports whether the
+// node turned managed (unmanaged, or not known to exist, before): then what
+// its pods want there with no attachment yet, decided "not managed" or "no
+// such node" until then, must be decided again too, which this record of
+// attachments cannot list.
 func (a *ActualState) SetNode(name string, info NodeInfo) (keys []Key, turnedManaged bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	info.Exists, info.Seen = true, true
+	return a.setNodeLocked(name, info)
+}
+
+// SetNodeWritten is SetNode for the answer of a status write: it updates
+// only a node on record as existing, under the same UID. Only the informer
+// says that a node exists: an answer read after the node's deletion (a
+// relist's tombstone carries no version to compare) must not bring it
+// back, and one that landed on a Node created again comes through the
+// informer too.
+func (a *ActualState) SetNodeWritten(name string, info NodeInfo) (keys []Key, turnedManaged bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if n := a.nodes[name]; n == nil || !n.info.Exists || n.info.UID != info.UID {
+		return nil, false
+	}
+	return a.setNodeLocked(name, info)
+}
+
+// SetFinal records the last state of a deleted Node, as its delete event
+// carries it, before DeleteNode (with final): the node as it was when it
+// went, which kubelet can no longer change. Of a node already recorded
+// deleted by a status write that found it gone (NodeGone), only what it
+// had mounted is taken: the rest is recorded already.
+func (a *ActualState) SetFinal(name string, info NodeInfo) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if n := a.nodes[name]; n != nil && n.info.Deleted {
+		if n.info.UID == info.UID && !n.info.Seen {
+			n.info.InUse, n.info.Seen = info.InUse, true
+		}
+		return
+	}
+	a.setNodeLocked(name, info)
+}
+
+func (a *ActualState) setNodeLocked(name string, info NodeInfo) (keys []Key, turnedManaged bool) {
+	info.Exists, info.Deleted, info.Seen = true, false, true
 	n := a.nodeLocked(name)
 	old := n.info
-	if older(info.ResourceVersion, old.ResourceVersion) {
-		// An informer event older than what the controller already knows
-		// (the answer of its own status write): what kubelet had mounted
-		// then must not replace what it has mounted now. Nor does an
-		// answer that landed before the node's deletion, read since,
-		// bring the node back.
+	if old.stale(info.UID, info.ResourceVersion) {
 		return nil, false
 	}
 	n.info = info
@@ -344,13 +384,29 @@ func (a *ActualState) SetNode(name string, info NodeInfo) (keys []Key, turnedMan
 	return keys, !(old.Exists && old.Managed) && info.Managed
 }
 
-// Stale reports whether resourceVersion is older than the version of the
-// node's object the controller already knows.
-func (a *ActualState) Stale(node, resourceVersion string) bool {
+// Stale reports whether a Node object (its UID and resourceVersion) says
+// nothing newer than what the controller knows of the node (SetNode
+// ignores it).
+func (a *ActualState) Stale(node, uid, resourceVersion string) bool {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	n := a.nodes[node]
-	return n != nil && n.info.Exists && older(resourceVersion, n.info.ResourceVersion)
+	return n != nil && n.info.stale(uid, resourceVersion)
+}
+
+// stale: an object older than what the controller already knows (the
+// answer of its own status write): what kubelet had mounted then must not
+// replace what it has mounted now. Nor does a copy of a Node known deleted,
+// no newer than what was known of it when it went (a lister that has not
+// read the deletion yet), bring it back.
+func (n NodeInfo) stale(uid, resourceVersion string) bool {
+	switch {
+	case n.Exists:
+		return older(resourceVersion, n.ResourceVersion)
+	case n.Deleted:
+		return uid == n.UID && !older(n.ResourceVersion, resourceVersion)
+	}
+	return false
 }
 
 // older reports whether resource version a is older than b (both of one
@@ -370,13 +426,19 @@ func older(a, b string) bool {
 // there may be.
 //
 // A managed node deleted at at counts, in its zone, as a node not Ready for
-// a while (ZoneHealth).
+// a while (ZoneHealth). A node never read (deleted before this controller
+// started) is taken as managed, in UnknownZone, deleted at at: when it
+// really went is as unknown as its zone.
 func (a *ActualState) DeleteNode(name string, final bool, at time.Time) []Key {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n, ok := a.nodes[name]
-	if !ok || !n.info.Exists {
+	if !ok || n.info.Deleted {
 		return nil
+	}
+	if n.info.Unread() {
+		n.info = NodeInfo{Managed: true, Zone: UnknownZone}
+		final = false
 	}
 	a.countZoneLocked(n.info, -1)
 	if n.info.Managed {
@@ -385,7 +447,7 @@ func (a *ActualState) DeleteNode(name string, final bool, at time.Time) []Key {
 	if !final {
 		n.info.Seen, n.info.InUse = false, nil
 	}
-	n.info.Exists = false
+	n.info.Exists, n.info.Deleted = false, true
 	n.info.Ready = false
 	// A deleted node carries no taint: its mounted volumes wait the max
 	// wait for unmount, as upstream (which reads the taint from the Node).
@@ -407,6 +469,21 @@ func (a *ActualState) Node(name string) (info NodeInfo, ok bool) {
 		return NodeInfo{}, false
 	}
 	return n.info, true
+}
+
+// UnreadNodes returns, sorted, the nodes named by attachments and not read
+// yet (NodeInfo.Unread).
+func (a *ActualState) UnreadNodes() []string {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	var names []string
+	for name, n := range a.nodes {
+		if n.info.Unread() {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
 }
 
 // NodesOf returns the nodes a volume is (maybe) attached to under name.

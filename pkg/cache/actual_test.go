@@ -199,7 +199,7 @@ func TestActualStateDeleteNode(t *testing.T) {
 			attachments: []Key{k(volA, "n1"), k(volB, "n1"), k(volA, "n2")},
 			seen:        true,
 			want:        []Key{k(volA, "n1"), k(volB, "n1")},
-			wantInfo:    &NodeInfo{Exists: false, Managed: true, Ready: false, OutOfService: false, Seen: true, InUse: map[volume.Name]bool{volA: true}},
+			wantInfo:    &NodeInfo{Exists: false, Deleted: true, Managed: true, Ready: false, OutOfService: false, Seen: true, InUse: map[volume.Name]bool{volA: true}},
 		},
 		{
 			name:        "second delete touches nothing",
@@ -207,10 +207,15 @@ func TestActualStateDeleteNode(t *testing.T) {
 			seen:        true,
 			deleteTwice: true,
 			want:        nil,
-			wantInfo:    &NodeInfo{Exists: false, Managed: true, Ready: false, OutOfService: false, Seen: true, InUse: map[volume.Name]bool{volA: true}},
+			wantInfo:    &NodeInfo{Exists: false, Deleted: true, Managed: true, Ready: false, OutOfService: false, Seen: true, InUse: map[volume.Name]bool{volA: true}},
 		},
 		{name: "nothing attached: node forgotten", seen: true, want: []Key{}, wantInfo: nil},
-		{name: "never seen", attachments: []Key{k(volA, "n1")}, want: nil, wantInfo: &NodeInfo{}},
+		{
+			// Deleted before this controller read it: its zone and what it
+			// had mounted are unknown, and it is taken as managed.
+			name: "never seen", attachments: []Key{k(volA, "n1")}, want: []Key{k(volA, "n1")},
+			wantInfo: &NodeInfo{Deleted: true, Managed: true, Zone: UnknownZone},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -22,7 +22,7 @@ func TestSetNodeIgnoresOlderVersions(t *testing.T) {
 	if n, _ := a.Node("n1"); !n.InUse[volA] || n.ResourceVersion != "20" {
 		t.Errorf("node %+v: an older version replaced what it had mounted", n)
 	}
-	if !a.Stale("n1", "19") || a.Stale("n1", "21") || a.Stale("n1", "") {
+	if !a.Stale("n1", "", "19") || a.Stale("n1", "", "21") || a.Stale("n1", "", "") {
 		t.Error("Stale does not tell an older version from a newer or unknown one")
 	}
 	newer := NodeInfo{Managed: true, Ready: true, ResourceVersion: "21", InUse: map[volume.Name]bool{}}

@@ -136,7 +136,9 @@ func (a *ActualState) NodeGone(name, uid string, at time.Time) []Key {
 	if n.info.Managed {
 		a.recordDeletedLocked(n.info.Zone, name, at)
 	}
-	n.info = NodeInfo{Managed: n.info.Managed, Zone: n.info.Zone}
+	// Its version is kept: a lister's copy no newer than it is the
+	// object gone (SetNode).
+	n.info = NodeInfo{Deleted: true, Managed: n.info.Managed, Zone: n.info.Zone, ResourceVersion: n.info.ResourceVersion, UID: n.info.UID}
 	keys := make([]Key, 0, len(n.attachments))
 	for v := range n.attachments {
 		keys = append(keys, Key{Volume: v, Node: name})

@@ -1,6 +1,8 @@
 package cache
 
 import (
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -11,6 +13,19 @@ import (
 // lately counting as one not Ready, so that the reconciler can hold the
 // forced detaches by timeout of a zone that looks disrupted
 // (reconciler.ZoneDisrupted).
+//
+// Whether a zone is disrupted is computed and recorded in one step, under
+// the actual state's lock, by whoever asks (Zone, NodeZone, AnnounceZones):
+// a decision and the record of the zone's recovery, which gives its nodes a
+// fresh max wait, never disagree, however many workers ask at once and
+// whether a node's change or the end of a deletion's count ended it.
+
+// UnknownZone is the zone of a node deleted before this controller read it
+// (before a start, or a leader change): its zone label is lost. Its
+// deletion counts in every zone, since it may have been in any of them, and
+// its own forced detach by timeout is held while any zone is disrupted. Not
+// a valid label value, so no real zone has this name.
+const UnknownZone = "(unknown)"
 
 // forgetDeletedAfter bounds how long a deleted node is remembered; a
 // deletion counts only within the max wait for unmount, minutes.
@@ -22,21 +37,34 @@ type zoneEntry struct {
 	nodes, unhealthy int
 	// deleted holds when each of its managed nodes was deleted.
 	deleted map[string]time.Time
-	// recovered is when the zone last stopped being disrupted.
+	// disrupted is what the last look found (observeLocked); recovered is
+	// when a look last found it no longer disrupted.
+	disrupted bool
 	recovered time.Time
+	// announced is the state the controller last announced (AnnounceZones).
+	announced bool
+}
+
+// ZoneRule says how long a deletion counts in its zone and when a zone is
+// disrupted (reconciler.ZoneDisrupted).
+type ZoneRule struct {
+	Window    time.Duration
+	Disrupted func(ZoneHealth) bool
 }
 
 // ZoneHealth is what is known of one zone's managed nodes.
 type ZoneHealth struct {
 	Zone string
 	// Nodes counts the zone's managed nodes: those that exist, and those
-	// deleted within the window asked for.
+	// deleted within the rule's window (of its own, and of UnknownZone).
 	Nodes int
 	// Unhealthy counts those not Ready, the deleted ones included.
 	Unhealthy int
 	// Expires is when the first of the deletions counted stops counting;
 	// zero when none is counted.
 	Expires time.Time
+	// Disrupted is the rule's verdict.
+	Disrupted bool
 	// Recovered is when the zone last stopped being disrupted (zero: not
 	// since this controller started).
 	Recovered time.Time
@@ -66,7 +94,7 @@ func (a *ActualState) zoneLocked(name string) *zoneEntry {
 }
 
 func (a *ActualState) gcZoneLocked(name string) {
-	if z := a.zones[name]; z != nil && z.nodes == 0 && len(z.deleted) == 0 && z.recovered.IsZero() {
+	if z := a.zones[name]; z != nil && z.nodes == 0 && len(z.deleted) == 0 && z.recovered.IsZero() && !z.disrupted && !z.announced {
 		delete(a.zones, name)
 	}
 }
@@ -96,51 +124,139 @@ func (a *ActualState) forgetDeletedLocked(node string) {
 	}
 }
 
-// ZoneHealth returns the health of zone's managed nodes at now, counting
-// the nodes deleted within window before now as not Ready.
-func (a *ActualState) ZoneHealth(zone string, now time.Time, window time.Duration) ZoneHealth {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
+// healthLocked counts zone's nodes at now: those that exist, and those
+// deleted within window, in the zone or in UnknownZone.
+func (a *ActualState) healthLocked(zone string, now time.Time, window time.Duration) ZoneHealth {
 	h := ZoneHealth{Zone: zone}
+	count := func(deleted map[string]time.Time) {
+		for _, t := range deleted {
+			expires := t.Add(window)
+			if !expires.After(now) {
+				continue
+			}
+			h.Nodes++
+			h.Unhealthy++
+			if h.Expires.IsZero() || expires.Before(h.Expires) {
+				h.Expires = expires
+			}
+		}
+	}
+	if z := a.zones[zone]; z != nil {
+		h.Nodes, h.Unhealthy = z.nodes, z.unhealthy
+		count(z.deleted)
+	}
+	if u := a.zones[UnknownZone]; u != nil && zone != UnknownZone {
+		count(u.deleted)
+	}
+	return h
+}
+
+// observeLocked returns zone's health at now and records the rule's
+// verdict: a zone found no longer disrupted recovered at now.
+func (a *ActualState) observeLocked(zone string, now time.Time, rule ZoneRule) ZoneHealth {
+	h := a.healthLocked(zone, now, rule.Window)
+	h.Disrupted = rule.Disrupted(h)
 	z := a.zones[zone]
-	if z == nil {
+	if z == nil && !h.Disrupted {
 		return h
 	}
-	h.Nodes, h.Unhealthy, h.Recovered = z.nodes, z.unhealthy, z.recovered
-	for _, t := range z.deleted {
-		expires := t.Add(window)
-		if !expires.After(now) {
-			continue
-		}
-		h.Nodes++
-		h.Unhealthy++
-		if h.Expires.IsZero() || expires.Before(h.Expires) {
-			h.Expires = expires
+	if z == nil {
+		z = a.zoneLocked(zone)
+	}
+	if z.disrupted && !h.Disrupted {
+		z.recovered = now
+	}
+	z.disrupted = h.Disrupted
+	h.Recovered = z.recovered
+	return h
+}
+
+// Zone returns the health of zone at now under rule, recorded as it is
+// returned.
+func (a *ActualState) Zone(zone string, now time.Time, rule ZoneRule) ZoneHealth {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.observeLocked(zone, now, rule)
+}
+
+// NodeZone is Zone for the zone of a node: for UnknownZone, the first
+// disrupted zone on record (the node may have been in any), else the
+// zone that recovered last (its fresh max wait applies).
+func (a *ActualState) NodeZone(zone string, now time.Time, rule ZoneRule) ZoneHealth {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if zone != UnknownZone {
+		return a.observeLocked(zone, now, rule)
+	}
+	h := a.observeLocked(UnknownZone, now, rule)
+	for _, name := range a.zoneNamesLocked() {
+		z := a.observeLocked(name, now, rule)
+		switch {
+		case h.Disrupted:
+		case z.Disrupted || z.Recovered.After(h.Recovered):
+			h = z
 		}
 	}
 	return h
 }
 
-// ZoneRecovered records that zone stopped being disrupted at at: its nodes
-// get a fresh max wait for unmount from then on (reconciler.safeToDetach).
-func (a *ActualState) ZoneRecovered(zone string, at time.Time) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.zoneLocked(zone).recovered = at
+func (a *ActualState) zoneNamesLocked() []string {
+	names := make([]string, 0, len(a.zones))
+	for name := range a.zones {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
 }
 
-// KeysInZone returns the key of every attachment on a node of zone.
-func (a *ActualState) KeysInZone(zone string) []Key {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
+// ZoneChange is a zone whose state differs from what was last announced.
+type ZoneChange struct {
+	ZoneHealth
+	// Keys are the attachments on the zone's nodes: their forced detaches
+	// may go, or must now be held (all of them for UnknownZone, whose
+	// nodes may be in any zone, and the other way round).
+	Keys []Key
+}
+
+// AnnounceZones looks at every zone at now under rule and returns those
+// whose state changed since the last announcement, marked announced: each
+// change is returned once, whoever asks. It also returns how many zones are
+// disrupted.
+func (a *ActualState) AnnounceZones(now time.Time, rule ZoneRule) (changes []ZoneChange, disrupted int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, name := range a.zoneNamesLocked() {
+		h := a.observeLocked(name, now, rule)
+		z := a.zones[name]
+		if h.Disrupted {
+			disrupted++
+		}
+		if z.announced == h.Disrupted {
+			a.gcZoneLocked(name)
+			continue
+		}
+		z.announced = h.Disrupted
+		changes = append(changes, ZoneChange{ZoneHealth: h})
+		a.gcZoneLocked(name)
+	}
+	for i := range changes {
+		changes[i].Keys = a.keysInZoneLocked(changes[i].Zone)
+	}
+	return changes, disrupted
+}
+
+// keysInZoneLocked returns the key of every attachment on a node of zone,
+// and of every node of UnknownZone (and, for UnknownZone, of every node).
+func (a *ActualState) keysInZoneLocked(zone string) []Key {
 	var keys []Key
 	for name, n := range a.nodes {
-		if n.info.Zone != zone {
+		if zone != UnknownZone && n.info.Zone != zone && n.info.Zone != UnknownZone {
 			continue
 		}
 		for v := range n.attachments {
 			keys = append(keys, Key{Volume: v, Node: name})
 		}
 	}
+	slices.SortFunc(keys, func(x, y Key) int { return strings.Compare(x.String(), y.String()) })
 	return keys
 }

@@ -225,8 +225,6 @@ type Controller struct {
 	// goneNodes holds the last state of deleted Node objects until their
 	// sync: what they had mounted then, which the lister no longer knows.
 	goneNodes map[string]*v1.Node
-	// zoneDisrupted holds the zones last seen disrupted (zones.go).
-	zoneDisrupted map[string]bool
 	// observing counts the items being processed of the queues that carry
 	// the world into the actual state and node status (nodes,
 	// VolumeAttachments, node status): a handoff is done only when they
@@ -262,8 +260,6 @@ func New(cfg Config) (*Controller, error) {
 		status:    nodestatus.NewRecord(actual),
 		problems:  map[string]map[string]string{},
 		goneNodes: map[string]*v1.Node{},
-
-		zoneDisrupted: map[string]bool{},
 
 		claimPods:     newRefIndex(),
 		claimPVs:      newRefIndex(),

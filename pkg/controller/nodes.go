@@ -7,6 +7,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
@@ -16,22 +17,15 @@ import (
 const outOfServiceTaint = "node.kubernetes.io/out-of-service"
 
 // syncNode turns one Node into node facts: managed, Ready, out of service,
-// and the volumes it has mounted.
+// and the volumes it has mounted; or records that it is gone.
 func (c *Controller) syncNode(ctx context.Context, name string) error {
-	// Whatever this sync records, the zones the node was and is in are
-	// looked at again (zones.go).
-	if was, ok := c.actual.Node(name); ok {
-		defer c.checkZone(ctx, was.Zone, name)
-	}
-	defer func() {
-		if is, ok := c.actual.Node(name); ok {
-			c.checkZone(ctx, is.Zone, name)
-		}
-	}()
+	// Whatever this sync records, the zones are looked at again (zones.go).
+	defer c.checkZones(ctx, name)
 	node, err := c.nodes.Get(name)
-	if err == nil && c.actual.Stale(name, node.ResourceVersion) {
-		// Older than the answer of the controller's own status write: the
-		// sync of the newer version follows.
+	if err == nil && c.actual.Stale(name, string(node.UID), node.ResourceVersion) {
+		// Older than the answer of the controller's own status write, or
+		// a copy of the Node known deleted: the sync of a newer version
+		// (or of the deletion) follows.
 		return nil
 	}
 	c.mu.Lock()
@@ -39,41 +33,78 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	delete(c.goneNodes, name)
 	c.mu.Unlock()
 	if apierrors.IsNotFound(err) {
-		if last != nil {
-			// What the node had mounted when it went, not when last synced.
-			c.actual.SetNode(name, NodeInfo(last))
-		}
-		if n, ok := c.actual.Node(name); ok && !n.Exists && !n.Seen {
-			// Gone before this controller read it, or its status write
-			// found it gone: nothing says what it had mounted.
-			return nil
-		}
-		n, _ := c.actual.Node(name)
-		// Without its last state (a relist found it gone), what it had
-		// mounted is unknown.
-		c.touch(c.actual.DeleteNode(name, last != nil, c.clock.Now())...)
-		c.countNode(name)
-		if wait := c.cfg.Reconciler.DeletedNodeWait(); n.Exists && n.Managed && wait > 0 {
-			// It stops counting in its zone's health after the max wait:
-			// its sync then looks at the zone again.
-			c.nodeQueue.AddAfter(name, wait+time.Second)
-		}
-		return nil
+		return c.nodeGone(ctx, name, last)
 	}
 	if err != nil {
 		return fmt.Errorf("get node %s: %w", name, err)
 	}
-	c.touch(c.setNode(ctx, name, NodeInfo(node))...)
+	c.touch(c.setNode(ctx, name, NodeInfo(node), false)...)
 	if !c.status.Lists(name, node.Status.VolumesAttached) {
 		c.statusDiffers(ctx, name, node.Status.VolumesAttached)
 	}
 	return nil
 }
 
+// nodeGone records that a node the informer does not hold is gone, with
+// its last state when its delete event carried it.
+//
+// A node never read (named by a VolumeAttachment) may not be in the
+// informer yet: only the API says that it does not exist. If it does, its
+// add event syncs it; it is looked at again a while later anyway, in case
+// it is deleted before the informer shows it (a relist then says nothing).
+func (c *Controller) nodeGone(ctx context.Context, name string, last *v1.Node) error {
+	if last != nil {
+		// What the node had mounted when it went, not when last synced.
+		c.actual.SetFinal(name, NodeInfo(last))
+	}
+	n, ok := c.actual.Node(name)
+	if !ok || n.Deleted {
+		if last != nil {
+			// A status write found it gone: its last state may say
+			// that a volume is not mounted after all; and its deletion
+			// stops counting in its zone after the max wait.
+			c.touch(c.actual.KeysOn(name)...)
+			c.recheckZonesAfterDeletion(name, n.Managed)
+		}
+		return nil
+	}
+	if n.Unread() {
+		_, err := c.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case err == nil:
+			klog.FromContext(ctx).V(2).Info("Node named by a VolumeAttachment exists but is not in the informer yet")
+			c.nodeQueue.AddAfter(name, unreadNodeRecheck)
+			return nil
+		case !apierrors.IsNotFound(err):
+			return fmt.Errorf("get node %s: %w", name, err)
+		}
+	}
+	// Without its last state (a relist found it gone, or it was never
+	// read), what it had mounted is unknown.
+	c.touch(c.actual.DeleteNode(name, last != nil, c.clock.Now())...)
+	c.countNode(name)
+	c.recheckZonesAfterDeletion(name, n.Exists && n.Managed || n.Unread())
+	return nil
+}
+
+// recheckZonesAfterDeletion queues the sync of a deleted managed node for
+// when its deletion stops counting in its zone's health: it then looks at
+// the zones again (checkZones), whether or not the node is still on record.
+func (c *Controller) recheckZonesAfterDeletion(name string, managed bool) {
+	if wait := c.cfg.Reconciler.DeletedNodeWait(); managed && wait > 0 {
+		c.nodeQueue.AddAfter(name, wait+time.Second)
+	}
+}
+
+// unreadNodeRecheck is how long after the API said that a node named by a
+// VolumeAttachment exists, while the informer did not show it, its sync
+// looks again.
+const unreadNodeRecheck = 10 * time.Second
+
 // nodeWritten records the facts of the answer of a node status write and
 // returns the keys whose decision may change.
 func (c *Controller) nodeWritten(ctx context.Context, node *v1.Node) []cache.Key {
-	return c.setNode(ctx, node.Name, NodeInfo(node))
+	return c.setNode(ctx, node.Name, NodeInfo(node), true)
 }
 
 // setNode records a node's facts and returns the keys whose decision may
@@ -90,7 +121,10 @@ func (c *Controller) nodeWritten(ctx context.Context, node *v1.Node) []cache.Key
 // reads every pod after a start (the desired state is partial): nothing is
 // taken as unwanted then anyway, and a controller asked to stop meanwhile
 // reads no more pods, but finishes the attaches under way on the node.
-func (c *Controller) setNode(ctx context.Context, name string, info cache.NodeInfo) []cache.Key {
+//
+// written: the facts come from a status write's answer, which only updates
+// a node on record as existing (cache.ActualState.SetNodeWritten).
+func (c *Controller) setNode(ctx context.Context, name string, info cache.NodeInfo, written bool) []cache.Key {
 	if old, ok := c.actual.Node(name); info.Managed && !c.rebuilding && !c.desired.Partial() && (!ok || !old.Exists || !old.Managed) {
 		if unread := c.unreadPods(name); unread > 0 {
 			klog.FromContext(ctx).V(2).Info("Node turned managed; waiting for its pods to be read", "unread", unread)
@@ -98,7 +132,11 @@ func (c *Controller) setNode(ctx context.Context, name string, info cache.NodeIn
 			c.nodeQueue.AddAfter(name, time.Second)
 		}
 	}
-	keys, turnedManaged := c.actual.SetNode(name, info)
+	set := c.actual.SetNode
+	if written {
+		set = c.actual.SetNodeWritten
+	}
+	keys, turnedManaged := set(name, info)
 	if turnedManaged {
 		keys = append(keys, c.desired.KeysOn(name)...)
 	}

@@ -127,6 +127,22 @@ func (c *Controller) BeginRecovery(ctx context.Context) (*Recovery, error) {
 			return nil, err
 		}
 	}
+	// The nodes VolumeAttachments name that the informer does not hold
+	// were deleted before this start (the API says): their zone is lost,
+	// and their deletion counts in every zone (cache.UnknownZone). One
+	// the API can't answer for stays unread, its keys waiting, and is
+	// synced again.
+	for _, name := range c.actual.UnreadNodes() {
+		if err := c.syncNode(ctx, name); err != nil {
+			klog.FromContext(ctx).Error(err, "Reading a node named by a VolumeAttachment", "node", name)
+			c.nodeQueue.AddRateLimited(name)
+		}
+	}
+	// The zones, once, on whole counts: a look while the nodes were read
+	// one by one would find a healthy zone disrupted ("3 of 3 not ready"),
+	// and its recovery would restart its nodes' max wait.
+	c.rebuilding = false
+	c.checkZones(ctx, "")
 	attachments := 0
 	for _, n := range c.actual.Stats() {
 		attachments += n

@@ -9,48 +9,48 @@ import (
 	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
 )
 
-// checkZone compares zone's disruption (reconciler.ZoneDisrupted) with what
-// was seen last. On a change it says so (a log line, an event on the node
-// whose sync saw it, the metric) and queues every attachment in the zone:
-// the forced detaches held there may go, or must now be held. Every change
-// of a zone's health reaches it: each node's sync, the status writes'
-// answers included, ends here, and a deleted node's sync is queued again
-// when it stops counting.
-func (c *Controller) checkZone(ctx context.Context, zone, node string) {
+// checkZones announces the zones whose disruption (reconciler.ZoneDisrupted)
+// changed since it was last announced: a log line, an event on the node
+// whose sync saw it, the metric; and queues every attachment in such a
+// zone: the forced detaches held there may go, or must now be held. The
+// actual state computes and records each zone's state in one step, so that
+// two node workers announce each change once, and a decision that sees a
+// recovery first (a deletion that stopped counting) already gives a fresh
+// max wait. Every zone is looked at, not only the node's: a deleted node,
+// forgotten once nothing is attached there, still counted somewhere, and a
+// node deleted before this controller read it counts everywhere. Each
+// node's sync ends here, and a deleted node's sync is queued again when it
+// stops counting.
+func (c *Controller) checkZones(ctx context.Context, node string) {
 	cfg := c.cfg.Reconciler
-	if cfg.UnhealthyZoneThreshold <= 0 {
+	if cfg.UnhealthyZoneThreshold <= 0 || c.rebuilding {
+		// While the actual state is rebuilt the counts are partial: the
+		// zones are looked at once it is (BeginRecovery).
 		return
 	}
-	h := c.actual.ZoneHealth(zone, c.clock.Now(), cfg.DeletedNodeWait())
-	disrupted := reconciler.ZoneDisrupted(h, cfg)
-	c.mu.Lock()
-	if c.zoneDisrupted[zone] == disrupted {
-		c.mu.Unlock()
-		return
-	}
-	if disrupted {
-		c.zoneDisrupted[zone] = true
-	} else {
-		delete(c.zoneDisrupted, zone)
-	}
-	count := len(c.zoneDisrupted)
-	c.mu.Unlock()
-
-	if !disrupted {
-		c.actual.ZoneRecovered(zone, c.clock.Now())
-	}
-	c.cfg.Metrics.DisruptedZones.Set(float64(count))
+	changes, disrupted := c.actual.AnnounceZones(c.clock.Now(), cfg.ZoneRule())
+	c.cfg.Metrics.DisruptedZones.Set(float64(disrupted))
 	logger := klog.FromContext(ctx)
-	what := reconciler.DescribeZone(h, cfg)
-	ref := &v1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: node}
-	if disrupted {
-		logger.Info("Zone disrupted: forced detaches by timeout of its nodes are held", "zone", zone, "unhealthy", h.Unhealthy, "nodes", h.Nodes)
-		c.cfg.Recorder.Eventf(ref, v1.EventTypeWarning, "ZoneDisrupted",
-			"%s; forced detaches by timeout of its nodes are held (the out-of-service taint still detaches at once)", what)
-	} else {
-		logger.Info("Zone no longer disrupted: its nodes still not ready get the max wait for unmount again", "zone", zone, "unhealthy", h.Unhealthy, "nodes", h.Nodes)
-		c.cfg.Recorder.Eventf(ref, v1.EventTypeNormal, "ZoneRecovered",
-			"%s; the nodes still not ready get the max wait for unmount again from now before a forced detach", what)
+	for _, h := range changes {
+		ref := &v1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: node}
+		if node == "" && len(h.Keys) > 0 {
+			// After a restart: one of the zone's nodes.
+			ref.Name = h.Keys[0].Node
+		}
+		what := reconciler.DescribeZone(h.ZoneHealth, cfg)
+		if h.Disrupted {
+			logger.Info("Zone disrupted: forced detaches by timeout of its nodes are held", "zone", h.Zone, "unhealthy", h.Unhealthy, "nodes", h.Nodes)
+			if ref.Name != "" {
+				c.cfg.Recorder.Eventf(ref, v1.EventTypeWarning, "ZoneDisrupted",
+					"%s; forced detaches by timeout of its nodes are held (the out-of-service taint still detaches at once)", what)
+			}
+		} else {
+			logger.Info("Zone no longer disrupted: its nodes still not ready get the max wait for unmount again", "zone", h.Zone, "unhealthy", h.Unhealthy, "nodes", h.Nodes)
+			if ref.Name != "" {
+				c.cfg.Recorder.Eventf(ref, v1.EventTypeNormal, "ZoneRecovered",
+					"%s; the nodes still not ready get the max wait for unmount again from now before a forced detach", what)
+			}
+		}
+		c.touch(h.Keys...)
 	}
-	c.touch(c.actual.KeysInZone(zone)...)
 }

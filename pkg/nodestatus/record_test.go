@@ -352,7 +352,7 @@ func TestNodeGoneMountsUnknownUntilItsLastStateIsRead(t *testing.T) {
 	}
 	// The deleted object's last state, then the delete: what it had
 	// mounted then.
-	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, InUse: map[volume.Name]bool{volA: true}})
+	a.SetFinal("n1", cache.NodeInfo{Managed: true, Ready: true, InUse: map[volume.Name]bool{volA: true}})
 	a.DeleteNode("n1", true, time.Time{})
 	if n, _ := a.Node("n1"); n.Exists || !n.Seen || !n.Mounted(volA) {
 		t.Errorf("deleted node %+v: want its last in-use list", n)

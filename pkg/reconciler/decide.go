@@ -232,7 +232,7 @@ func (r *Reconciler) HeldElsewhere(spec *volume.Spec, node string) []cache.Key {
 // zone returns the health of node's zone, asked for only when a forced
 // detach by timeout is due.
 func (r *Reconciler) zone(node cache.NodeInfo, now time.Time) func() cache.ZoneHealth {
-	return func() cache.ZoneHealth { return r.actual.ZoneHealth(node.Zone, now, r.cfg.DeletedNodeWait()) }
+	return func() cache.ZoneHealth { return r.actual.NodeZone(node.Zone, now, r.cfg.ZoneRule()) }
 }
 
 // detachRules applies safeToDetach to the attachment of d, its max wait

@@ -38,8 +38,10 @@ type Verdict struct {
 // detaches on timeout are disabled. A node whose Node object is gone waits
 // MaxWaitForUnmountDeletedNode instead, when set.
 //
-// A node never seen (deleted before the controller started) may have
-// anything mounted: it is treated as unhealthy with the volume mounted.
+// A node not read yet (an attachment named it before its sync) is waited
+// for: its sync says whether it exists, and re-queues its keys. A node
+// deleted unread (before the controller started) may have anything
+// mounted: it is treated as unhealthy with the volume mounted.
 //
 // It returns the force reason when a mounted volume may be detached, or a
 // non-empty reason to wait, with the time after which to look again (zero:
@@ -59,11 +61,14 @@ func safeToDetach(k cache.Key, node cache.NodeInfo, wanted, now time.Time, cfg C
 	if node.Healthy() {
 		return Verdict{Wait: fmt.Sprintf("still mounted on node %s (in node.status.volumesInUse); waiting for kubelet to unmount it", k.Node)}
 	}
+	if node.Unread() {
+		return Verdict{Wait: fmt.Sprintf("node %s is not read yet: waiting to learn whether it exists and what it has mounted", k.Node)}
+	}
 	if cfg.DisableForceDetachOnTimeout {
 		return Verdict{Wait: fmt.Sprintf("still mounted on unhealthy node %s and forced detach on timeout is disabled", k.Node)}
 	}
 	maxWait := cfg.MaxWaitForUnmount
-	if !node.Exists {
+	if node.Deleted {
 		maxWait = cfg.DeletedNodeWait()
 	}
 	if elapsed := now.Sub(wanted); elapsed < maxWait {
@@ -71,7 +76,7 @@ func safeToDetach(k cache.Key, node cache.NodeInfo, wanted, now time.Time, cfg C
 		return Verdict{After: left, Wait: fmt.Sprintf("still mounted on unhealthy node %s; forced detach in %s unless it is unmounted", k.Node, left.Round(time.Second))}
 	}
 	z := zone()
-	if ZoneDisrupted(z, cfg) {
+	if z.Disrupted {
 		var left time.Duration
 		if !z.Expires.IsZero() {
 			left = z.Expires.Sub(now)
@@ -101,12 +106,21 @@ func ZoneDisrupted(z cache.ZoneHealth, cfg Config) bool {
 		float64(z.Unhealthy) >= cfg.UnhealthyZoneThreshold*float64(z.Nodes)
 }
 
+// ZoneRule is ZoneDisrupted as the actual state applies it, with how long
+// a deleted node counts (cache.ActualState.Zone).
+func (c Config) ZoneRule() cache.ZoneRule {
+	return cache.ZoneRule{Window: c.DeletedNodeWait(), Disrupted: func(z cache.ZoneHealth) bool { return ZoneDisrupted(z, c) }}
+}
+
 // DescribeZone says how disrupted a zone is, in the words of events, logs
 // and /explain.
 func DescribeZone(z cache.ZoneHealth, cfg Config) string {
 	name := fmt.Sprintf("zone %q", z.Zone)
-	if z.Zone == "" {
+	switch z.Zone {
+	case "":
 		name = "the nodes without a zone"
+	case cache.UnknownZone:
+		name = "the nodes deleted before this controller read their zone"
 	}
 	state := "disrupted"
 	if !ZoneDisrupted(z, cfg) {

@@ -60,25 +60,31 @@ func TestSafeToDetach(t *testing.T) {
 			wantForce: ForceTimeout,
 		},
 		{
-			name: "mounted, node deleted (last seen ready), max wait over", node: cache.NodeInfo{Seen: true, Exists: false, Ready: true, InUse: inUse},
+			name: "mounted, node deleted (last seen ready), max wait over", node: cache.NodeInfo{Seen: true, Deleted: true, Ready: true, InUse: inUse},
 			elapsed: 7 * time.Minute, cfg: cfg,
 			wantForce: ForceTimeout,
 		},
 		{
-			name: "mounted, node deleted, before the max wait", node: cache.NodeInfo{Seen: true, Exists: false, Ready: true, InUse: inUse},
+			name: "mounted, node deleted, before the max wait", node: cache.NodeInfo{Seen: true, Deleted: true, Ready: true, InUse: inUse},
 			elapsed: time.Minute, cfg: cfg,
 			wantAfter: 5 * time.Minute, wantWait: "still mounted on unhealthy node node-1; forced detach in 5m0s unless it is unmounted",
 		},
 		{
 			// Deleted before this controller started: nothing says what it
 			// has mounted, so anything may be (as upstream assumes).
-			name: "node never seen, before the max wait", node: cache.NodeInfo{},
+			name: "node deleted unread, before the max wait", node: cache.NodeInfo{Deleted: true, Zone: cache.UnknownZone},
 			elapsed: time.Minute, cfg: cfg,
 			wantAfter: 5 * time.Minute, wantWait: "still mounted on unhealthy node node-1; forced detach in 5m0s unless it is unmounted",
 		},
 		{
-			name: "node never seen, max wait over", node: cache.NodeInfo{}, elapsed: 6 * time.Minute, cfg: cfg,
+			name: "node deleted unread, max wait over", node: cache.NodeInfo{Deleted: true, Zone: cache.UnknownZone}, elapsed: 6 * time.Minute, cfg: cfg,
 			wantForce: ForceTimeout,
+		},
+		{
+			// Named by an attachment before its sync: it may exist, be
+			// Ready and have the volume mounted. Its sync re-queues it.
+			name: "node not read yet", node: cache.NodeInfo{}, elapsed: time.Hour, cfg: cfg,
+			wantWait: "node node-1 is not read yet: waiting to learn whether it exists and what it has mounted",
 		},
 		{
 			name: "mounted, not ready, timeout disabled", node: cache.NodeInfo{Seen: true, Exists: true, InUse: inUse}, elapsed: 24 * time.Hour, cfg: disabled,
@@ -104,7 +110,7 @@ func TestSafeToDetachDeletedNode(t *testing.T) {
 	wait := func(d time.Duration) Config {
 		return Config{MaxWaitForUnmount: 6 * time.Minute, MaxWaitForUnmountDeletedNode: &d}
 	}
-	deleted := cache.NodeInfo{Seen: true, Exists: false, Ready: true, InUse: inUse}
+	deleted := cache.NodeInfo{Seen: true, Deleted: true, Ready: true, InUse: inUse}
 	tests := []struct {
 		name      string
 		node      cache.NodeInfo
@@ -120,8 +126,10 @@ func TestSafeToDetachDeletedNode(t *testing.T) {
 		{name: "deleted, wait 1m, over", node: deleted, elapsed: time.Minute, cfg: wait(time.Minute), wantForce: ForceTimeout},
 		{name: "deleted, wait longer than the max wait", node: deleted, elapsed: 7 * time.Minute, cfg: wait(10 * time.Minute),
 			wantAfter: 3 * time.Minute, wantWait: "still mounted on unhealthy node node-1; forced detach in 3m0s unless it is unmounted"},
-		{name: "never seen (gone before the start), wait 0", node: cache.NodeInfo{}, cfg: wait(0), wantForce: ForceTimeout},
-		{name: "answered gone by the API, wait 0", node: cache.NodeInfo{Managed: true}, cfg: wait(0), wantForce: ForceTimeout},
+		{name: "never seen (gone before the start), wait 0", node: cache.NodeInfo{Deleted: true, Zone: cache.UnknownZone}, cfg: wait(0), wantForce: ForceTimeout},
+		{name: "answered gone by the API, wait 0", node: cache.NodeInfo{Deleted: true, Managed: true}, cfg: wait(0), wantForce: ForceTimeout},
+		{name: "not read yet, wait 0: its sync first", node: cache.NodeInfo{}, cfg: wait(0),
+			wantWait: "node node-1 is not read yet: waiting to learn whether it exists and what it has mounted"},
 		{name: "not ready but existing: the max wait", node: cache.NodeInfo{Seen: true, Exists: true, InUse: inUse}, elapsed: time.Minute, cfg: wait(0),
 			wantAfter: 5 * time.Minute, wantWait: "still mounted on unhealthy node node-1; forced detach in 5m0s unless it is unmounted"},
 		{name: "ready and existing: never", node: cache.NodeInfo{Seen: true, Exists: true, Ready: true, InUse: inUse}, elapsed: time.Hour, cfg: wait(0),
@@ -129,7 +137,7 @@ func TestSafeToDetachDeletedNode(t *testing.T) {
 		{name: "deleted, forced detach on timeout disabled", node: deleted, elapsed: time.Hour,
 			cfg:      Config{MaxWaitForUnmount: 6 * time.Minute, MaxWaitForUnmountDeletedNode: new(time.Duration), DisableForceDetachOnTimeout: true},
 			wantWait: "still mounted on unhealthy node node-1 and forced detach on timeout is disabled"},
-		{name: "deleted, not mounted", node: cache.NodeInfo{Seen: true}, cfg: wait(time.Hour)},
+		{name: "deleted, not mounted", node: cache.NodeInfo{Seen: true, Deleted: true}, cfg: wait(time.Hour)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -230,7 +238,7 @@ func TestSafeToDetachHeldByADisruptedZone(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	now := t0.Add(7 * time.Minute)
 	disrupted := func() cache.ZoneHealth {
-		return cache.ZoneHealth{Zone: "a", Nodes: 10, Unhealthy: 8, Expires: now.Add(time.Minute)}
+		return cache.ZoneHealth{Zone: "a", Nodes: 10, Unhealthy: 8, Expires: now.Add(time.Minute), Disrupted: true}
 	}
 	healthy := func() cache.ZoneHealth { return cache.ZoneHealth{Zone: "a", Nodes: 10, Unhealthy: 1} }
 	notReady := cache.NodeInfo{Seen: true, Exists: true, Zone: "a", InUse: inUse}
