@@ -106,8 +106,8 @@ const (
 	// plugin; a node that has said nothing yet makes its volumes wait.
 	PolicyPerNode = "per-node"
 	// PolicyCompleted: as kube-controller-manager v1.37, the plugins whose
-	// migration upstream declares complete are CSI on every node, without
-	// reading CSINode; the others (Portworx) are decided per node.
+	// migration upstream declares complete (all of them) are CSI on every
+	// node, without reading CSINode.
 	PolicyCompleted = "completed"
 )
 
@@ -129,8 +129,8 @@ func CompletedMigrations(policy string) ([]string, error) {
 
 // UpstreamCompletedMigrations lists the plugins kube-controller-manager v1.37
 // treats as migrated on every node (its csimigration.PluginManager
-// IsMigrationCompleteForPlugin with default feature gates). Portworx is not
-// among them: it stays decided per node.
+// IsMigrationCompleteForPlugin with default feature gates): every plugin
+// that migrates, Portworx too since v1.37 removed its feature gate.
 func UpstreamCompletedMigrations() []string {
 	var plugins []string
 	for _, p := range volume.InTreePlugins() {

@@ -198,10 +198,12 @@ func TestDecision(t *testing.T) {
 		{name: "completed migration needs no lookup", csiNodes: failingCSINodes{},
 			opts:   []Option{WithCompletedMigrations(UpstreamCompletedMigrations()...)},
 			plugin: ebs, want: Decision{Kind: volume.KindCSI, Driver: ebsCSI, Source: SourceMigrationComplete}},
-		{name: "portworx is not complete upstream",
+		// v1.37 removed portworx's feature gate: complete, as the others,
+		// whatever the node's CSINode says.
+		{name: "portworx is complete upstream",
 			opts:   []Option{WithCompletedMigrations(UpstreamCompletedMigrations()...)},
-			nodes:  []*storagev1.CSINode{csiNode(node, portworx, "pxd.portworx.com")},
-			plugin: portworx, want: Decision{Kind: volume.KindCSI, Driver: "pxd.portworx.com", Source: SourceCSINode}},
+			nodes:  []*storagev1.CSINode{csiNode(node, "")},
+			plugin: portworx, want: Decision{Kind: volume.KindCSI, Driver: "pxd.portworx.com", Source: SourceMigrationComplete}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -319,8 +321,11 @@ func TestCompletedMigrations(t *testing.T) {
 		t.Errorf("CompletedMigrations(per-node) = (%v, %v), want none", perNode, err)
 	}
 	completed, err := CompletedMigrations(PolicyCompleted)
+	// kube-controller-manager v1.37.2's csimigration.PluginManager:
+	// IsMigrationCompleteForPlugin is true for every plugin that migrates
+	// (portworx-volume's gate is gone); iSCSI and FC never migrate.
 	want := []string{"kubernetes.io/aws-ebs", "kubernetes.io/gce-pd", "kubernetes.io/azure-disk", "kubernetes.io/cinder",
-		"kubernetes.io/vsphere-volume", "kubernetes.io/azure-file"}
+		"kubernetes.io/vsphere-volume", "kubernetes.io/azure-file", "kubernetes.io/portworx-volume"}
 	if err != nil || !sameSet(completed, want) {
 		t.Errorf("CompletedMigrations(completed) = (%v, %v), want %v", completed, err, want)
 	}

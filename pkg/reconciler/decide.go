@@ -110,12 +110,12 @@ func (r *Reconciler) Decide(k cache.Key, now time.Time) Decision {
 		return d.with(Detach, "confirming with the API that the VolumeAttachment is gone")
 	}
 	if d.Desired {
-		return r.decideAttach(d, node)
+		return r.decideAttach(d, now)
 	}
 	return r.decideDetach(d, node, now)
 }
 
-func (r *Reconciler) decideAttach(d Decision, node cache.NodeInfo) Decision {
+func (r *Reconciler) decideAttach(d Decision, now time.Time) Decision {
 	k := d.Key
 	if d.HasAttachment {
 		switch d.Attachment.State {
@@ -134,6 +134,10 @@ func (r *Reconciler) decideAttach(d Decision, node cache.NodeInfo) Decision {
 				d.Elsewhere = elsewhere
 				return d.with(Blocked, "volume is already exclusively attached to node %s, waiting on detach before it can be attached to another node", nodesOf(elsewhere))
 			}
+		}
+		if a := d.Attachment; a.Kind == volume.KindCSI && a.AttachmentUID != "" && a.AttachError == "" && attachTimedOut(a, now) {
+			return d.with(Attach, "attach in progress for %s: %s (VolumeAttachment %s not attached, no error reported)",
+				now.Sub(a.AttachStarted).Round(time.Second), attachTimeoutMessage(d.Spec), a.AttachmentName)
 		}
 		return d.with(Attach, "attach in progress")
 	}

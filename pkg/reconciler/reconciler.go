@@ -377,13 +377,57 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 	}
 	if !res.Attached && state != cache.Attached {
 		logger.V(2).Info("Attach started", "attachment", res.AttachmentName)
-		return Result{WriteNodeStatus: held}, nil
+		return Result{WriteNodeStatus: held, RequeueAfter: r.attachUnderWay(d, now)}, nil
 	}
 	a, _ := r.actual.Get(d.Key)
 	d.Attachment, d.HasAttachment = a, true
 	r.announceAttached(d)
 	r.forget(d.Key)
 	return Result{WriteNodeStatus: true}, nil
+}
+
+// An attach through a VolumeAttachment waits for events of its object.
+// Two of them may never come: its object's, when someone deleted it before
+// the informer showed it (a relist then says nothing of it), and its
+// attacher's, when no external-attacher serves its driver. So the key is
+// looked at again: unseenRecheck after the create while its object is not
+// seen (Attach then finds it gone and creates it again), and once
+// AttachTimeout has passed since the attach started, when the pod is told,
+// as kube-controller-manager tells it after waiting that long.
+const (
+	unseenRecheck = 10 * time.Second
+	AttachTimeout = 2 * time.Minute
+)
+
+// attachUnderWay warns the pods of an attach under way for AttachTimeout
+// with no error reported, and returns when to look at the key again.
+func (r *Reconciler) attachUnderWay(d Decision, now time.Time) time.Duration {
+	a, ok := r.actual.Get(d.Key)
+	if !ok || a.Kind != volume.KindCSI || a.State == cache.Attached {
+		return 0
+	}
+	if a.AttachmentUID == "" {
+		return unseenRecheck
+	}
+	if !attachTimedOut(a, now) {
+		return a.AttachStarted.Add(AttachTimeout).Sub(now)
+	}
+	if a.AttachError == "" {
+		r.warnOnce(d, "FailedAttachVolume", sameFor(fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", displayName(d.Spec), attachTimeoutMessage(d.Spec))))
+	}
+	return 0
+}
+
+// attachTimedOut reports whether the attach of a has been under way for
+// AttachTimeout.
+func attachTimedOut(a cache.Attachment, now time.Time) bool {
+	return !a.AttachStarted.IsZero() && now.Sub(a.AttachStarted) >= AttachTimeout
+}
+
+// attachTimeoutMessage words an attach nobody acts on as
+// kube-controller-manager does.
+func attachTimeoutMessage(s *volume.Spec) string {
+	return fmt.Sprintf("timed out waiting for external-attacher of %s CSI driver to attach volume %s", s.Driver, s.VolumeHandle)
 }
 
 func (r *Reconciler) detach(ctx context.Context, d Decision, now time.Time) (Result, error) {

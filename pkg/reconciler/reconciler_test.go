@@ -332,7 +332,8 @@ func TestSync(t *testing.T) {
 			pods:   []wants{{podA, node1, []*volume.Spec{specA}}},
 			attach: map[volume.Name]attachReply{specA.Name: {res: AttachResult{AttachmentName: "csi-a"}}},
 			steps: []step{
-				{key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"}},
+				// Its object not seen yet: looked for again in a while.
+				{key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"}, wantResult: Result{RequeueAfter: unseenRecheck}},
 				{
 					name:    "VolumeAttachment attached",
 					advance: 3 * time.Second,
@@ -674,8 +675,32 @@ func TestSync(t *testing.T) {
 				AttachmentName: "csi-a"}}},
 			attach: map[volume.Name]attachReply{specA.Name: {res: AttachResult{AttachmentName: "csi-a"}}},
 			steps: []step{
-				{key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"}},
-				{key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"}},
+				{key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"}, wantResult: Result{RequeueAfter: unseenRecheck}},
+				{key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"}, wantResult: Result{RequeueAfter: unseenRecheck}},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Uncertain, Unannounced: true, Name: "csi-a"}},
+		},
+		{
+			// No external-attacher serves the driver: the object is seen,
+			// never attached, no error. The pod is told once, after
+			// AttachTimeout, as kube-controller-manager tells it.
+			name: "attach nobody acts on: warned after the attach timeout",
+			pods: []wants{{podA, node1, []*volume.Spec{specA}}},
+			attachments: []fixture{{Attachment: cache.Attachment{Key: key(specA, node1), State: cache.Uncertain, Kind: volume.KindCSI,
+				AttachmentName: "csi-a", AttachmentUID: "uid-a"}}},
+			attach: map[volume.Name]attachReply{specA.Name: {res: AttachResult{AttachmentName: "csi-a"}}},
+			steps: []step{
+				{key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"}, wantResult: Result{RequeueAfter: AttachTimeout}},
+				{name: "a minute later", advance: time.Minute, key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"},
+					wantResult: Result{RequeueAfter: time.Minute}},
+				{name: "timed out", advance: time.Minute, key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"},
+					wantEvents: []string{failed("pv-a", "timed out waiting for external-attacher of d.example.com CSI driver to attach volume vol-a")}},
+				{name: "told once", advance: time.Minute, key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"}},
+			},
+			check: func(t *testing.T, e *env) {
+				if d := e.r.Decide(key(specA, node1), e.now); !strings.Contains(d.Reason, "attach in progress for 3m0s: timed out waiting for external-attacher of d.example.com CSI driver") {
+					t.Errorf("decision %v, want the timeout in its reason", d)
+				}
 			},
 			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Uncertain, Unannounced: true, Name: "csi-a"}},
 		},

@@ -92,8 +92,8 @@ var inTreePlugins = []InTreePlugin{
 		inline: func(s *v1.VolumeSource) *pluginSource { return vsphereSource(s.VsphereVolume) },
 	},
 	{
-		// Not complete upstream: decided per node whatever the policy.
-		Name: csiplugins.PortworxVolumePluginName, CSIDriver: csiplugins.PortworxDriverName,
+		// Complete upstream since its feature gate went (v1.37).
+		Name: csiplugins.PortworxVolumePluginName, CSIDriver: csiplugins.PortworxDriverName, MigrationCompleteUpstream: true,
 		pv:     func(s *v1.PersistentVolumeSource) *pluginSource { return portworxSource(s.PortworxVolume) },
 		inline: func(s *v1.VolumeSource) *pluginSource { return portworxSource(s.PortworxVolume) },
 	},

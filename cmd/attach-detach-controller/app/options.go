@@ -143,7 +143,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CSIMigration, "csi-migration", o.CSIMigration,
 		"Who decides whether an in-tree volume (awsElasticBlockStore, gcePersistentDisk, ...) is attached through its CSI driver: "+
 			"\"per-node\": each node's CSINode, else its CSINodeInfo; a node that has said nothing yet makes the volume wait. "+
-			"\"completed\": as kube-controller-manager v1.37, the plugins whose migration upstream declares complete (all but portworx-volume) use CSI on every node without reading CSINode.")
+			"\"completed\": as kube-controller-manager v1.37, every plugin whose migration upstream declares complete (aws-ebs, gce-pd, azure-disk, azure-file, cinder, vsphere-volume, portworx-volume) uses CSI on every node without reading CSINode.")
 	fs.DurationVar(&o.HandoffTimeout, "handoff-timeout", o.HandoffTimeout,
 		"On SIGTERM, how long the controller (still holding its Lease) waits for the attaches and detaches under way to finish, "+
 			"starting none, and lists in node status every volume attached, before it exits: the next controller "+
