@@ -22,6 +22,9 @@ import (
 func (c *Controller) syncAttachment(ctx context.Context, name string) error {
 	logger := klog.FromContext(ctx)
 	va, err := c.attachments.Get(name)
+	if apierrors.IsNotFound(err) {
+		c.csi.Dropped(name)
+	}
 	if err == nil && c.csi.Gone(name, va.UID) {
 		// A cached copy of an object the API said is gone.
 		err = apierrors.NewNotFound(storagev1.Resource("volumeattachments"), name)

@@ -71,6 +71,15 @@ func (c *CSI) lookup(name string) (*storagev1.VolumeAttachment, error) {
 	return va, err
 }
 
+// Dropped tells that the lister no longer shows the VolumeAttachment name:
+// what the API said of it is no longer needed (its informer's deletion
+// event calls it, so that no entry outlives the object).
+func (c *CSI) Dropped(name string) {
+	c.mu.Lock()
+	delete(c.gone, name)
+	c.mu.Unlock()
+}
+
 func (c *CSI) forget(name string, uid types.UID) {
 	if uid == "" {
 		return
