@@ -240,15 +240,16 @@ func (w *world) react(action k8stesting.Action) (bool, runtime.Object, error) {
 		obj, err = w.patchNodeStatus(a.GetName(), a.GetPatch())
 		what += " " + a.GetName()
 	case k8stesting.GetAction: // after the cases of actions that also name an object
-		if a.GetResource().Resource != rAttachments {
+		r := a.GetResource().Resource
+		if r != rAttachments && r != rNodes {
 			handled = false
 			break
 		}
 		what += " " + a.GetName()
-		if o := w.get(rAttachments, a.GetName()); o != nil {
+		if o := w.get(r, a.GetName()); o != nil {
 			obj = o.DeepCopyObject()
 		} else {
-			err = apierrors.NewNotFound(vaResource, a.GetName())
+			err = apierrors.NewNotFound(schema.GroupResource{Group: a.GetResource().Group, Resource: r}, a.GetName())
 		}
 		// A read lands nothing: no answer to lose.
 		s.tracef("  %s: %v", what, errText(err))
