@@ -87,6 +87,7 @@ type zoneFixture struct {
 	driver   string
 	endpoint string // http://host:port of the controller's handlers
 	nodes    []zoneNode
+	ctrl     *framework.Controller
 }
 
 // startZones starts a controller whose max wait for unmount is zoneMaxWait
@@ -98,19 +99,7 @@ func startZones(t *testing.T, base string, configure func(*app.Options), zones .
 	e := newEnv(t, base)
 	f := &zoneFixture{e: e, driver: e.name("csi.test")}
 	e.startAttacher(f.driver, "")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() }) // closed already once served
-	f.endpoint = "http://" + ln.Addr().String()
-	e.startController(func(o *app.Options) {
-		o.MaxWaitForUnmount = zoneMaxWait
-		o.Serving = &plainEndpoint{ln: ln}
-		if configure != nil {
-			configure(o)
-		}
-	})
+	f.start(configure)
 
 	for _, z := range zones {
 		for i := range z.nodes {
@@ -136,6 +125,26 @@ func startZones(t *testing.T, base string, configure func(*app.Options), zones .
 		e.waitAttached(f.driver, n.handle, n.name)
 	}
 	return f
+}
+
+// start starts a controller whose max wait for unmount is zoneMaxWait
+// (configure may change its options), its handlers on a new endpoint.
+func (f *zoneFixture) start(configure func(*app.Options)) {
+	t := f.e.t
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() }) // closed already once served
+	f.endpoint = "http://" + ln.Addr().String()
+	f.ctrl = f.e.startController(func(o *app.Options) {
+		o.MaxWaitForUnmount = zoneMaxWait
+		o.Serving = &plainEndpoint{ln: ln}
+		if configure != nil {
+			configure(o)
+		}
+	})
 }
 
 func (f *zoneFixture) volume(n zoneNode) string { return framework.CSIVolumeName(f.driver, n.handle) }
@@ -165,6 +174,18 @@ type attachedCheck struct {
 
 func (f *zoneFixture) watchAttached(nodes ...zoneNode) *attachedCheck {
 	f.e.t.Helper()
+	c := f.watchVAs(nodes...)
+	for _, n := range nodes {
+		c.nodes[n.name] = f.e.watchNode(n.name)
+		c.names[n.name] = f.volume(n)
+	}
+	return c
+}
+
+// watchVAs is watchAttached of the VolumeAttachments alone: for nodes
+// about to be deleted, whose status goes with them.
+func (f *zoneFixture) watchVAs(nodes ...zoneNode) *attachedCheck {
+	f.e.t.Helper()
 	c := &attachedCheck{nodes: map[string]*nodeWatch{}, names: map[string]string{}}
 	for _, n := range nodes {
 		va, ok, err := f.e.getVA(framework.VolumeAttachmentName(n.handle, f.driver, n.name))
@@ -172,8 +193,6 @@ func (f *zoneFixture) watchAttached(nodes ...zoneNode) *attachedCheck {
 			f.e.t.Fatalf("VolumeAttachment of %s on node %s: found %v, %v", n.handle, n.name, ok, err)
 		}
 		c.vas = append(c.vas, f.e.watchVA(va))
-		c.nodes[n.name] = f.e.watchNode(n.name)
-		c.names[n.name] = f.volume(n)
 	}
 	return c
 }
@@ -500,4 +519,72 @@ func TestZoneRecoveryKeepsVolumesOfReturningNodes(t *testing.T) {
 		f.e.waitDetached(f.driver, n.handle, n.name)
 	}
 	f.waitMetrics(metricWant{name: metricForced})
+}
+
+// A partition in zone a (two of six nodes NotReady, their pods gone) while
+// the controller is down, and three more of its nodes deleted meanwhile
+// (the leader may well have been in the cut-off zone): the controller that
+// starts never read those three, nor their zone. Their deletions count in
+// every zone, so zone a is disrupted (5 of 6 not ready) and nothing is
+// force-detached while it is, neither on the NotReady nodes nor on the
+// deleted ones; /explain and the metrics say why. Once the deletions stop
+// counting (--max-wait-for-unmount-deleted-node after the start), the zone
+// recovers and its nodes get the max wait again before a forced detach.
+func TestZoneRestartWithNodesDeletedBefore(t *testing.T) {
+	deletedWait := 4 * zoneMaxWait
+	configure := func(o *app.Options) { o.MaxWaitForUnmountDeletedNode = &deletedWait }
+	f := startZones(t, "zone-restart", configure, zoneSpec{"a", 6})
+	notReady, deleted := f.nodes[:2], f.nodes[2:5]
+	zone := notReady[0].zone
+	if err := f.ctrl.Stop(30 * time.Second); err != nil {
+		t.Fatalf("stop the controller: %v", err)
+	}
+	kept, keptVAs := f.watchAttached(notReady...), f.watchVAs(deleted...)
+	f.kill(append(slices.Clone(notReady), deleted...)...)
+	for _, n := range deleted {
+		if err := f.e.client.CoreV1().Nodes().Delete(f.e.ctx, n.name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.start(configure)
+	started := time.Now()
+	// Serving: the actual state is rebuilt, the zones looked at: zone a,
+	// and the nodes deleted before the start, 3 of 3 on their own.
+	f.waitMetrics(metricWant{name: metricDisruptedZones, value: 2})
+
+	// The NotReady nodes' forced detaches are due (the max wait has
+	// passed since the start) and held; the deleted nodes wait longer.
+	f.waitMetrics(metricWant{name: metricDisruptedZones, value: 2}, metricWant{name: metricHeld, value: 2}, metricWant{name: metricForced})
+	f.waitExplained(notReady, heldReason(5, 6))
+	msg := f.waitZoneEvent(zone, v1.EventTypeWarning, "ZoneDisrupted", fmt.Sprintf("zone %q is disrupted: 5 of 6 nodes not ready", zone))
+	t.Logf("ZoneDisrupted: %s", msg)
+	if rest := 3*zoneMaxWait - time.Since(started); rest > 0 {
+		framework.Consistently(t, rest, func() error { return errors.Join(kept.check(), keptVAs.check()) },
+			"the volumes of the NotReady and deleted nodes to stay attached")
+	}
+	if err := errors.Join(kept.check(), keptVAs.check()); err != nil {
+		t.Fatalf("the volumes of the NotReady and deleted nodes: %v", err)
+	}
+	t.Logf("Nothing detached %s after the start", time.Since(started).Round(time.Millisecond))
+	kept.close()
+	keptVAs.close()
+
+	// The deletions stop counting: the zone recovers, and the max wait
+	// starts again from then.
+	for _, n := range notReady {
+		f.e.waitDetached(f.driver, n.handle, n.name)
+	}
+	for _, n := range deleted {
+		name := framework.VolumeAttachmentName(n.handle, f.driver, n.name)
+		if !framework.Poll(t, waitTimeout, func() (bool, error) {
+			_, ok, err := f.e.getVA(name)
+			return !ok, err
+		}) {
+			t.Fatalf("VolumeAttachment %s of deleted node %s still there after %s", name, n.name, waitTimeout)
+		}
+	}
+	if elapsed := time.Since(started); elapsed < deletedWait+zoneMaxWait {
+		t.Errorf("forced detaches %s after the start, want them after the deleted nodes' wait and a fresh max wait (%s)", elapsed, deletedWait+zoneMaxWait)
+	}
+	f.waitMetrics(metricWant{name: metricDisruptedZones}, metricWant{name: metricHeld}, forcedDetaches("timeout", 5))
 }
