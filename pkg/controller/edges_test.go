@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
@@ -23,7 +24,7 @@ import (
 // VolumeAttachments deleted or created, the decisions' actions, the events
 // and the metrics.
 
-var nodeResource = v1.SchemeGroupVersion.WithResource("nodes")
+var nodesGVR = v1.SchemeGroupVersion.WithResource("nodes")
 
 // deletedAttachments lists the VolumeAttachments deleted since the last reset.
 func (f *fixture) deletedAttachments() []string {
@@ -48,10 +49,10 @@ func (f *fixture) createdAttachments() []string {
 	return out
 }
 
-// fire adds to their queue the items of every queue whose AddAfter delay
-// is at most elapsed, as their timers would once that much time has
+// fireTimers adds to their queue the items of every queue whose AddAfter
+// delay is at most elapsed, as their timers would once that much time has
 // passed, and forgets those timers. It reports how many it fired.
-func (f *fixture) fire(elapsed time.Duration) int {
+func (f *fixture) fireTimers(elapsed time.Duration) int {
 	n := 0
 	for k, d := range f.volumes.after {
 		if d <= elapsed {
@@ -72,9 +73,9 @@ func (f *fixture) fire(elapsed time.Duration) int {
 	return n
 }
 
-// timers lists the AddAfter calls recorded by every queue since the last
-// reset, "queue item after".
-func (f *fixture) timers() []string {
+// pendingTimers lists the AddAfter calls recorded by every queue since the
+// last reset and not fired, "queue item after".
+func (f *fixture) pendingTimers() []string {
 	var out []string
 	for k, d := range f.volumes.after {
 		out = append(out, fmt.Sprintf("%s %v %v", QueueVolumes, k, d))
@@ -88,9 +89,9 @@ func (f *fixture) timers() []string {
 	return out
 }
 
-// syncKey syncs the volume key k, and what that sync queued, as the workers
+// lookAt syncs the volume key k, and what that sync queued, as the workers
 // would.
-func (f *fixture) syncKey(k cache.Key) {
+func (f *fixture) lookAt(k cache.Key) {
 	f.t.Helper()
 	f.volumes.Add(k)
 	f.drain()
@@ -105,6 +106,7 @@ func (f *fixture) lookAtEverything() {
 	f.drain()
 }
 
+// eventsWith returns the events that contain word.
 func eventsWith(events []string, word string) []string {
 	var out []string
 	for _, e := range events {
@@ -115,6 +117,8 @@ func eventsWith(events []string, word string) []string {
 	return out
 }
 
+// zoneGuard configures the zone guard with the documented defaults (55%, 3
+// nodes) and the max waits for unmount given.
 func zoneGuard(maxWait time.Duration, deletedNodeWait *time.Duration) func(*Config) {
 	return func(c *Config) {
 		c.Reconciler.UnhealthyZoneThreshold, c.Reconciler.UnhealthyZoneMinNodes = 0.55, 3
@@ -170,7 +174,7 @@ func TestRestartDuringPartitionCountsNodesDeletedBefore(t *testing.T) {
 
 	// The max wait of the NotReady nodes passes.
 	f.clock.Step(6*time.Minute + time.Second)
-	f.fire(6*time.Minute + time.Second)
+	f.fireTimers(6*time.Minute + time.Second)
 	f.lookAtEverything()
 	if got := f.deletedAttachments(); len(got) != 0 {
 		t.Errorf("after the max wait for unmount: detached %v, want nothing (zone a counts its 3 deleted nodes: 5 of 7 not ready)", got)
@@ -185,7 +189,7 @@ func TestRestartDuringPartitionCountsNodesDeletedBefore(t *testing.T) {
 	// The deleted nodes' max wait passes; zone b is still disrupted.
 	f.reset()
 	f.clock.Step(deletedNodeWait - 6*time.Minute)
-	f.fire(deletedNodeWait)
+	f.fireTimers(deletedNodeWait)
 	f.lookAtEverything()
 	for _, name := range f.deletedAttachments() {
 		for _, n := range []string{"a2", "a3", "a4"} {
@@ -230,7 +234,7 @@ func TestLateStatusAnswerDoesNotBringADeletedNodeBack(t *testing.T) {
 			// The pod and the node go; the relist finds the node gone and
 			// its handler queues the node, synced at once.
 			f.load(vol...)
-			must(t, f.client.Tracker().Delete(nodeResource, "", "node-1"))
+			must(t, f.client.Tracker().Delete(nodesGVR, "", "node-1"))
 			f.c.nodeDeleted(toolscache.DeletedFinalStateUnknown{Key: "node-1", Obj: last})
 			for f.c.Process(f.ctx, QueueNodes) {
 			}
@@ -247,8 +251,8 @@ func TestLateStatusAnswerDoesNotBringADeletedNodeBack(t *testing.T) {
 			}
 
 			f.clock.Step(tc.deletedNodeWait + time.Second)
-			f.fire(tc.deletedNodeWait + time.Second)
-			f.syncKey(k)
+			f.fireTimers(tc.deletedNodeWait + time.Second)
+			f.lookAt(k)
 			d := f.c.reconciler.Decide(k, f.clock.Now())
 			if got := f.deletedAttachments(); !slices.Equal(got, []string{vaNameOf("h1", "node-1")}) {
 				t.Errorf("after the max wait for unmount on a deleted node: detached %v, want h1's; decision: %v", got, d)
@@ -298,7 +302,7 @@ func TestZoneRecoveredByExpiringDeletionsGivesAFreshMaxWait(t *testing.T) {
 	f.clock.Step(time.Minute)
 	f.load(append(vol, nodes(down, 1, 2)...)...)
 	for _, n := range []string{"a1", "a2"} {
-		must(t, f.client.Tracker().Delete(nodeResource, "", n))
+		must(t, f.client.Tracker().Delete(nodesGVR, "", n))
 		f.c.nodeDeleted(node(n, zone("a"), resourceVersion("11")))
 		must(t, f.c.syncNode(f.ctx, n))
 	}
@@ -310,7 +314,7 @@ func TestZoneRecoveredByExpiringDeletionsGivesAFreshMaxWait(t *testing.T) {
 	// a0's max wait passes: held until the deletions stop counting.
 	f.reset()
 	f.clock.Step(maxWait - time.Minute)
-	f.syncKey(k0)
+	f.lookAt(k0)
 	d := f.c.reconciler.Decide(k0, f.clock.Now())
 	if d.Action != reconciler.Wait || !strings.Contains(d.Reason, "held") || d.After <= 0 {
 		t.Fatalf("after a0's max wait: %v (look again after %v), want the forced detach held until the deletions stop counting", d, d.After)
@@ -319,8 +323,8 @@ func TestZoneRecoveredByExpiringDeletionsGivesAFreshMaxWait(t *testing.T) {
 	// The deletions stop counting; the held key's timer fires before any
 	// node sync looks at the zone.
 	f.clock.Step(d.After)
-	f.fire(d.After)
-	f.syncKey(k0)
+	f.fireTimers(d.After)
+	f.lookAt(k0)
 	if got := f.deletedAttachments(); len(got) != 0 {
 		t.Errorf("when the zone recovered: detached %v at once, want a fresh max wait for a0", got)
 	}
@@ -330,16 +334,16 @@ func TestZoneRecoveredByExpiringDeletionsGivesAFreshMaxWait(t *testing.T) {
 	recovered := f.clock.Now()
 
 	// The node syncs queued for then run too; the fresh max wait runs out.
-	f.fire(maxWait + time.Second)
+	f.fireTimers(maxWait + time.Second)
 	f.drain()
 	f.clock.SetTime(recovered.Add(maxWait - time.Second))
-	f.syncKey(k0)
+	f.lookAt(k0)
 	if got := f.deletedAttachments(); len(got) != 0 {
 		t.Errorf("a second before the fresh max wait ends: detached %v", got)
 	}
 	f.clock.SetTime(recovered.Add(maxWait + time.Second))
-	f.fire(maxWait)
-	f.syncKey(k0)
+	f.fireTimers(maxWait)
+	f.lookAt(k0)
 	if got := f.deletedAttachments(); !slices.Equal(got, []string{vaNameOf("h0", "a0")}) {
 		t.Errorf("after the fresh max wait: detached %v, want a0's; decision: %v", got, f.c.reconciler.Decide(k0, f.clock.Now()))
 	}
@@ -381,7 +385,7 @@ func TestZoneDisruptedByDeletionsRecoversAfterTheirVolumesAreGone(t *testing.T) 
 	f.load(slices.Concat(vols, nodes(3))...)
 	for i := range 3 {
 		n := fmt.Sprintf("a%d", i)
-		must(t, f.client.Tracker().Delete(nodeResource, "", n))
+		must(t, f.client.Tracker().Delete(nodesGVR, "", n))
 		f.c.nodeDeleted(node(n, zone("a"), resourceVersion("11")))
 		must(t, f.c.syncNode(f.ctx, n))
 		must(t, f.c.syncPod(f.ctx, "default/pod-"+n))
@@ -406,8 +410,8 @@ func TestZoneDisruptedByDeletionsRecoversAfterTheirVolumesAreGone(t *testing.T) 
 
 	// The deletions stop counting: what was scheduled for then runs.
 	f.clock.Step(maxWait + time.Second)
-	if f.fire(maxWait+time.Second) == 0 {
-		t.Errorf("nothing scheduled to look at the zone when its deletions stop counting; timers: %v", f.timers())
+	if f.fireTimers(maxWait+time.Second) == 0 {
+		t.Errorf("nothing scheduled to look at the zone when its deletions stop counting; timers: %v", f.pendingTimers())
 	}
 	f.drain()
 	if got := testutil.ToFloat64(f.c.cfg.Metrics.DisruptedZones); got != 0 {
@@ -494,12 +498,12 @@ func TestAttachNobodyActsOnIsReportedAfterTwoMinutes(t *testing.T) {
 		t.Errorf("warnings while the attach is young: %q", got)
 	}
 	if d, ok := f.volumes.after[k]; !ok || d <= 0 || d > 2*time.Minute {
-		t.Errorf("look again at %v scheduled after %v (scheduled: %v), want within 2m; timers: %v", k, d, ok, f.timers())
+		t.Errorf("look again at %v scheduled after %v (scheduled: %v), want within 2m; timers: %v", k, d, ok, f.pendingTimers())
 	}
 
 	f.clock.Step(2*time.Minute + time.Second)
-	f.fire(2*time.Minute + time.Second)
-	f.syncKey(k)
+	f.fireTimers(2*time.Minute + time.Second)
+	f.lookAt(k)
 	want := "timed out waiting for external-attacher of csi.example.com CSI driver to attach volume h1"
 	events := f.takeEvents()
 	if got := eventsWith(events, want); len(got) != 1 || !strings.HasPrefix(got[0], "Warning FailedAttachVolume ") {
@@ -533,7 +537,7 @@ func TestRestartDoesNotReportAHealthyZoneDisrupted(t *testing.T) {
 	}
 
 	f.clock.Step(6*time.Minute + time.Second)
-	f.fire(6*time.Minute + time.Second)
+	f.fireTimers(6*time.Minute + time.Second)
 	f.lookAtEverything()
 	var want []string
 	for i := range 3 {
@@ -564,7 +568,7 @@ func TestVolumeAttachmentDeletedBeforeItWasSeenIsCreatedAgain(t *testing.T) {
 
 	// Whatever wakes the attach under way: a timer of its volume key or
 	// of its VolumeAttachment.
-	timers := f.timers()
+	timers := f.pendingTimers()
 	_, byKey := f.volumes.after[csiKey("h1", "node-1")]
 	_, byName := f.queues[QueueVolumeAttachments].after[name]
 	if !byKey && !byName {
@@ -580,9 +584,80 @@ func TestVolumeAttachmentDeletedBeforeItWasSeenIsCreatedAgain(t *testing.T) {
 		}
 	}
 	f.clock.Step(longest + time.Second)
-	f.fire(longest + time.Second)
+	f.fireTimers(longest + time.Second)
 	f.drain()
 	if got := f.createdAttachments(); !slices.Equal(got, []string{name, name}) {
 		t.Errorf("created %v after what was scheduled ran (timers %v), want h1's VolumeAttachment created again", got, timers)
+	}
+}
+
+// A status write finds the node gone (the API answers 404) before the
+// informer shows the deletion; the informer's copy, older than what a
+// status answer showed since (kubelet mounted h1), is synced afterwards.
+// That copy must not bring the node back with its old volumesInUse: h1,
+// mounted as far as the newest answer says, is not detached at once.
+func TestStaleNodeCopyAfterAStatusWriteFoundTheNodeGone(t *testing.T) {
+	k1 := csiKey("h1", "node-1")
+	vols := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), va("claim-a", "h1", "node-1"),
+		csiPV("claim-b", "h2"), claim("claim-b"), va("claim-b", "h2", "node-1")}
+	stale := node("node-1")
+	f := newFixture(t, slices.Concat(vols, []runtime.Object{stale, pod("pod-a", "node-1", "claim-a"), pod("pod-b", "node-1", "claim-b")})...)
+	f.syncFirst("node-1", []string{"h1", "h2"}, "default/pod-a", "default/pod-b")
+	f.drain()
+	// The answer of a status write: kubelet has mounted h1.
+	f.c.nodeWritten(f.ctx, node("node-1", resourceVersion("20"), inUse(csiName("h1")),
+		listsAttached(csiName("h1"), csiName("h2"))))
+	f.reset()
+
+	// Both pods go, then the node; the informer shows neither the node's
+	// deletion nor the update of rv 20. h2's withdrawal finds the node gone.
+	f.load(append(vols, stale)...)
+	must(t, f.c.syncPod(f.ctx, "default/pod-a"))
+	must(t, f.c.syncPod(f.ctx, "default/pod-b"))
+	must(t, f.client.Tracker().Delete(nodesGVR, "", "node-1"))
+	f.drain()
+	if got := f.deletedAttachments(); slices.Contains(got, vaNameOf("h1", "node-1")) {
+		t.Fatalf("h1 detached while kubelet had it mounted: %v", got)
+	}
+	if n, ok := f.c.actual.Node("node-1"); !slices.Contains(f.writes(), "patch nodes/status node-1") || (ok && n.Exists) {
+		t.Fatalf("no status write found node-1 gone: writes %v", f.writes())
+	}
+
+	// The informer's copy of rv 10 is synced (an event queued before).
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	f.drain()
+	if got := f.deletedAttachments(); slices.Contains(got, vaNameOf("h1", "node-1")) {
+		t.Errorf("h1 detached at once after a stale copy of the gone node was read: %v; decision: %v", got, f.c.reconciler.Decide(k1, f.clock.Now()))
+	}
+	if n, ok := f.c.actual.Node("node-1"); ok && n.Exists {
+		t.Errorf("node-1 exists again (ready %v, in use %v) after a stale copy was read, its status write having found it gone", n.Ready, n.InUse)
+	}
+}
+
+// Someone else deletes a VolumeAttachment just before the controller's own
+// detach, whose delete then finds it gone while the lister still shows it:
+// the CSI mechanism remembers the object as gone, so that the cached copy
+// is not taken for attached. Once the informer's deletion is synced, no
+// cached copy remains: nothing is remembered of the object any more, or
+// every such race would be remembered for ever.
+func TestGoneVolumeAttachmentIsForgottenOnceItsDeletionIsSynced(t *testing.T) {
+	name := vaNameOf("h1", "node-1")
+	objs := []runtime.Object{node("node-1"), csiPV("claim-a", "h1"), va("claim-a", "h1", "node-1")}
+	f := newFixture(t, objs...)
+	f.syncFirst("node-1", []string{"h1"})
+	must(t, f.client.Tracker().Delete(vaResource, "", name))
+	f.drain()
+	if got := f.deletedAttachments(); !slices.Equal(got, []string{name}) {
+		t.Fatalf("detached %v, want the orphan's delete", got)
+	}
+	if !f.c.csi.Gone(name, types.UID("uid-"+name)) {
+		t.Fatalf("the delete that found %s gone is not remembered while the lister shows it", name)
+	}
+
+	f.load(objs[:2]...)
+	must(t, f.c.syncAttachment(f.ctx, name))
+	f.drain()
+	if f.c.csi.Gone(name, types.UID("uid-"+name)) {
+		t.Errorf("%s still remembered as gone after its deletion was synced (the lister no longer shows it)", name)
 	}
 }
