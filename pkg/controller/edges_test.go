@@ -139,9 +139,11 @@ func vaNameOf(handle, node string) string { return volume.AttachmentName(handle,
 // NotReady. The deleted nodes' VolumeAttachments remain. Counting the
 // deletions, zone a is disrupted (5 of 7 not ready): the forced detaches
 // of a0 and a1 are held after the max wait, as they would be had the
-// controller run through the deletions. The deleted nodes' own zone can't
-// be read any more: their volumes are not force-detached while a zone they
-// may have been in (b) is disrupted.
+// controller run through the deletions (a deletion counts for the max wait
+// for unmount on a deleted node, 20 minutes here, from the start at the
+// latest). The deleted nodes' own zone can't be read any more: their
+// volumes are not force-detached while a zone they may have been in (b) is
+// disrupted.
 func TestRestartDuringPartitionCountsNodesDeletedBefore(t *testing.T) {
 	deletedNodeWait := 20 * time.Minute
 	var objs []runtime.Object
@@ -187,7 +189,6 @@ func TestRestartDuringPartitionCountsNodesDeletedBefore(t *testing.T) {
 	}
 
 	// The deleted nodes' max wait passes; zone b is still disrupted.
-	f.reset()
 	f.clock.Step(deletedNodeWait - 6*time.Minute)
 	f.fireTimers(deletedNodeWait)
 	f.lookAtEverything()
@@ -312,7 +313,6 @@ func TestZoneRecoveredByExpiringDeletionsGivesAFreshMaxWait(t *testing.T) {
 	}
 
 	// a0's max wait passes: held until the deletions stop counting.
-	f.reset()
 	f.clock.Step(maxWait - time.Minute)
 	f.lookAt(k0)
 	d := f.c.reconciler.Decide(k0, f.clock.Now())
@@ -333,7 +333,9 @@ func TestZoneRecoveredByExpiringDeletionsGivesAFreshMaxWait(t *testing.T) {
 	}
 	recovered := f.clock.Now()
 
-	// The node syncs queued for then run too; the fresh max wait runs out.
+	// The node syncs queued for a second later run too; the fresh max wait
+	// runs out.
+	f.clock.Step(time.Second)
 	f.fireTimers(maxWait + time.Second)
 	f.drain()
 	f.clock.SetTime(recovered.Add(maxWait - time.Second))
@@ -341,7 +343,7 @@ func TestZoneRecoveredByExpiringDeletionsGivesAFreshMaxWait(t *testing.T) {
 	if got := f.deletedAttachments(); len(got) != 0 {
 		t.Errorf("a second before the fresh max wait ends: detached %v", got)
 	}
-	f.clock.SetTime(recovered.Add(maxWait + time.Second))
+	f.clock.SetTime(recovered.Add(maxWait + 2*time.Second))
 	f.fireTimers(maxWait)
 	f.lookAt(k0)
 	if got := f.deletedAttachments(); !slices.Equal(got, []string{vaNameOf("h0", "a0")}) {
