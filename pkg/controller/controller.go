@@ -225,6 +225,8 @@ type Controller struct {
 	// goneNodes holds the last state of deleted Node objects until their
 	// sync: what they had mounted then, which the lister no longer knows.
 	goneNodes map[string]*v1.Node
+	// zoneMu orders the zones' looks with the gauge they set (checkZones).
+	zoneMu sync.Mutex
 	// observing counts the items being processed of the queues that carry
 	// the world into the actual state and node status (nodes,
 	// VolumeAttachments, node status): a handoff is done only when they

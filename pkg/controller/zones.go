@@ -28,8 +28,12 @@ func (c *Controller) checkZones(ctx context.Context, node string) {
 		// zones are looked at once it is (BeginRecovery).
 		return
 	}
+	// The gauge is set in the order of the looks: a worker's older count
+	// must not overwrite a newer one.
+	c.zoneMu.Lock()
 	changes, disrupted := c.actual.AnnounceZones(c.clock.Now(), cfg.ZoneRule())
 	c.cfg.Metrics.DisruptedZones.Set(float64(disrupted))
+	c.zoneMu.Unlock()
 	logger := klog.FromContext(ctx)
 	for _, h := range changes {
 		ref := &v1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: node}
