@@ -362,14 +362,18 @@ func (c *Controller) newQueues() error {
 				workqueue.TypedRateLimitingQueueConfig[string]{Name: name, MetricsProvider: queueMetrics})
 		}
 		cfg.NewKeyQueue = func(name string) workqueue.TypedRateLimitingInterface[cache.Key] {
-			// Attaches first (priority.go): a key some pod wants.
-			return prioritized(name, queueMetrics, cfg.RateLimiter(), func(k cache.Key) bool { return c.reconciler.Wanted(k) })
+			// First (priority.go) a key some pod waits for: its attach,
+			// or the detach a move waits for.
+			return prioritized(name, queueMetrics, cfg.RateLimiter(), func(k cache.Key) bool { return c.reconciler.Urgent(k) })
 		}
 		newQueue := cfg.NewQueue
 		cfg.NewQueue = func(name string) workqueue.TypedRateLimitingInterface[string] {
 			if name == QueueNodeStatus {
-				// Writes that add volumes first: pods wait for them.
-				return prioritized(name, queueMetrics, cfg.NodeRateLimiter(), c.status.Adds)
+				// Writes that add volumes first, and those that take out
+				// a volume a move waits for: pods wait for them.
+				return prioritized(name, queueMetrics, cfg.NodeRateLimiter(), func(node string) bool {
+					return c.status.Adds(node) || c.reconciler.AwaitedOn(node)
+				})
 			}
 			return newQueue(name)
 		}

@@ -204,6 +204,52 @@ func (r *Reconciler) Wanted(k cache.Key) bool {
 	return r.desired.Wanted(k)
 }
 
+// Urgent reports whether a pod waits for the key: one wants the volume
+// here (an attach), or one wants elsewhere the single-node volume this key
+// holds, and waits for its detach (a move). The queues hand urgent keys
+// out first, so that a move waits behind no unrelated work: the urgency of
+// the waiting pod reaches the detach it waits for, for as long as it waits,
+// derived from both states at each add, never recorded.
+func (r *Reconciler) Urgent(k cache.Key) bool {
+	return r.Wanted(k) || r.awaited(k)
+}
+
+// awaited reports whether the single-node volume attached at k is wanted by
+// a pod on another node, under any of its names.
+func (r *Reconciler) awaited(k cache.Key) bool {
+	a, ok := r.actual.Get(k)
+	if !ok {
+		return false
+	}
+	names := []volume.Name{k.Volume}
+	if a.Spec != nil {
+		names = append(names, a.Spec.OtherNames(k.Volume)...)
+	}
+	for _, name := range names {
+		for _, w := range r.desired.KeysFor(name) {
+			if w.Node == k.Node {
+				continue
+			}
+			if spec, _, ok := r.desired.Get(w); ok && spec.SingleNode && r.Wanted(w) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// AwaitedOn reports whether a withdrawn volume on node is awaited
+// elsewhere (Urgent): the write of node's status that takes it out is the
+// first step of a move.
+func (r *Reconciler) AwaitedOn(node string) bool {
+	for _, k := range r.actual.WithdrawnOn(node) {
+		if r.awaited(k) {
+			return true
+		}
+	}
+	return false
+}
+
 func (d Decision) with(a Action, format string, args ...any) Decision {
 	d.Action = a
 	d.Reason = fmt.Sprintf(format, args...)
