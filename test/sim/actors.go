@@ -117,7 +117,7 @@ func (s *Sim) createPV(v simVolume) {
 func (s *Sim) createNode(name string) {
 	s.w.create(rNodes, &v1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{managed: "true"},
-			Labels: map[string]string{v1.LabelTopologyZone: simZone}},
+			Labels: map[string]string{v1.LabelTopologyZone: s.zoneOf(name)}},
 		Status: v1.NodeStatus{Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}},
 	})
 	delete(s.deletedNodes, name)
@@ -770,14 +770,26 @@ func (s *Sim) heal() {
 	// nodes gone NotReady one by one, or its forced detaches would be held
 	// for good.
 	s.outlivePartition()
-	if len(s.zone.partitioned) == 0 && s.zoneDisrupted() {
-		for _, o := range s.w.list(rNodes) {
-			if n := o.(*v1.Node); !ready(n) {
-				n = n.DeepCopy()
-				n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}
-				s.w.update(rNodes, n)
-			}
+	for _, z := range s.zones() {
+		if len(s.zone.partitioned) == 0 || z != s.zone.partitionedZone {
+			s.readyAgainIfDisrupted(z)
 		}
 	}
 	s.tracef("heal: deleting pods gone, PVs, claims, CSINodes and managed nodes back, a partition under way ends in a while; no more faults")
+}
+
+// readyAgainIfDisrupted makes every node of a zone disrupted by nodes not
+// Ready Ready again: once the faults stop, its forced detaches would
+// otherwise be held for good.
+func (s *Sim) readyAgainIfDisrupted(zone string) {
+	if !s.zoneDisrupted(zone) {
+		return
+	}
+	for _, o := range s.w.list(rNodes) {
+		if n := o.(*v1.Node); !ready(n) && s.zoneOf(n.Name) == zone {
+			n = n.DeepCopy()
+			n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}
+			s.w.update(rNodes, n)
+		}
+	}
 }

@@ -74,6 +74,7 @@ func (s *Sim) checkEveryStep() {
 	}
 	for name := range s.deletedNodes {
 		s.unhealthySeen[name] = now
+		s.deletedSeen[name] = now
 	}
 	s.noteZone()
 	// The max wait runs from when the volume stopped being wanted. A want
@@ -178,6 +179,15 @@ func (s *Sim) checkDetachStart(pv, node string) {
 		t, ok := at[node]
 		return ok && unwanted && !t.Before(since)
 	}
+	// A node whose Node object is gone waits the deleted node's max wait;
+	// so may one deleted a moment ago, created again since.
+	maxWait := s.cfg.MaxWaitForUnmount
+	if n == nil || held(s.deletedSeen) {
+		maxWait = min(maxWait, s.deletedNodeWait())
+	}
+	if n == nil {
+		maxWait = s.deletedNodeWait()
+	}
 	switch {
 	case s.wantedFor(seenWant)[pair{pv, node}]:
 		// Not even the out-of-service taint detaches the volume of a live
@@ -188,9 +198,9 @@ func (s *Sim) checkDetachStart(pv, node string) {
 		s.violate("I2", "detach of %s from node %s started while a live pod there uses it", pv, node)
 	case n != nil && ready(n) && !held(s.unhealthySeen):
 		s.violate("I2", "detach of %s from %s started while it is mounted on a Ready node", pv, node)
-	case s.clock.Now().Sub(since) < s.cfg.MaxWaitForUnmount:
+	case s.clock.Now().Sub(since) < maxWait:
 		s.violate("I2", "forced detach of %s from unhealthy node %s after %s, before the max wait for unmount (%s)",
-			pv, node, s.clock.Now().Sub(since), s.cfg.MaxWaitForUnmount)
+			pv, node, s.clock.Now().Sub(since), maxWait)
 	default:
 		// A forced detach by timeout.
 		s.checkZoneHold(pv, node)

@@ -29,10 +29,12 @@ type Config struct {
 	// world heals and the run goes on until it is quiet, for at most
 	// QuietSteps steps (I4).
 	Steps, QuietSteps int
-	// Nodes is the number of nodes.
-	Nodes int
-	// Workers is the number of volume workers.
-	Workers int
+	// Nodes is the number of nodes, spread over Zones zones ("a", "b",
+	// "c": node i in zone i mod Zones).
+	Nodes, Zones int
+	// Workers is the number of volume workers, StatusWorkers of node status
+	// writers.
+	Workers, StatusWorkers int
 	// APIFailure is the chance that a write fails before it lands,
 	// APILostAnswer that it lands and its answer is lost.
 	APIFailure, APILostAnswer float64
@@ -44,14 +46,19 @@ type Config struct {
 	// attachers (VolumeAttachments deleted and created, node status
 	// patched, the managed annotation removed for a while).
 	Relist, ThirdParty float64
-	// MaxWaitForUnmount as the controller's flag.
-	MaxWaitForUnmount time.Duration
+	// MaxWaitForUnmount and MaxWaitForUnmountDeletedNode as the
+	// controller's flags (nil: the deleted node waits MaxWaitForUnmount).
+	MaxWaitForUnmount            time.Duration
+	MaxWaitForUnmountDeletedNode *time.Duration
 	// ZoneGuardOff runs the controller without its zone disruption guard
-	// (--disable-zone-disruption-guard): I10 must then find violations.
-	ZoneGuardOff bool
+	// (--disable-zone-disruption-guard): I10 must then find violations,
+	// unless ZoneHoldUnchecked, which counts them instead (a world of the
+	// sweep without the guard).
+	ZoneGuardOff, ZoneHoldUnchecked bool
 	// SyncPeriod as --attach-detach-reconcile-sync-period: how often the
 	// running controller compares its attachments with the
-	// VolumeAttachments (Controller.Resync).
+	// VolumeAttachments (Controller.Resync); zero turns it off, as
+	// --disable-attach-detach-reconcile-sync.
 	SyncPeriod time.Duration
 	// Trace keeps every step's trace line, not only the last ones.
 	Trace bool
@@ -64,13 +71,15 @@ type Config struct {
 func DefaultConfig() Config {
 	// A max wait for unmount shorter than the default lets forced detaches
 	// happen within a run's simulated minutes (the rule is the same).
-	return Config{Steps: 400, QuietSteps: 4000, Nodes: 3, Workers: 3, APIFailure: 0.08, APILostAnswer: 0.04,
+	return Config{Steps: 400, QuietSteps: 4000, Nodes: 3, Zones: 1, Workers: 3, StatusWorkers: 2, APIFailure: 0.08, APILostAnswer: 0.04,
 		Restart: 0.08, Relist: 1.5, ThirdParty: 0.6, MaxWaitForUnmount: 90 * time.Second, SyncPeriod: time.Minute}
 }
 
 // Result is what a run did and found.
 type Result struct {
-	Seed       int64
+	Seed int64
+	// Config is the configuration the seed ran.
+	Config     Config
 	Steps      int
 	Violations []string
 	// Trace is the end of the step trace (all of it with Config.Trace).
@@ -133,9 +142,10 @@ type Sim struct {
 	deletedInUse map[string][]string
 	deletedNodes map[string]bool
 	zone         zoneState
-	// taintSeen and unhealthySeen: when each node last had the
-	// out-of-service taint, and was last not Ready or deleted.
-	taintSeen, unhealthySeen map[string]time.Time
+	// taintSeen, unhealthySeen and deletedSeen: when each node last had
+	// the out-of-service taint, was last not Ready or deleted, and was last
+	// deleted.
+	taintSeen, unhealthySeen, deletedSeen map[string]time.Time
 	// podNode: the node of every pod created, by UID (a pod's name may be
 	// used again, its UID never); unannounced: the VolumeAttachments (their
 	// UIDs) the running controller generation created and has not
@@ -203,7 +213,7 @@ func Run(seed int64, cfg Config) Result {
 		s.quiesce()
 	}
 	s.kill()
-	res := Result{Seed: seed, Steps: s.step, Violations: s.violations, Stats: s.stats, Trace: s.trace}
+	res := Result{Seed: seed, Config: cfg, Steps: s.step, Violations: s.violations, Stats: s.stats, Trace: s.trace}
 	if !cfg.Trace && len(res.Trace) > 300 {
 		res.Trace = res.Trace[len(res.Trace)-300:]
 	}
@@ -217,7 +227,7 @@ func newSim(seed int64, cfg Config) *Sim {
 		clock:   clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
 		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
 		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]time.Time{}, podNode: map[string]string{}, unannounced: map[pair]types.UID{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
-		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{}, zone: zoneState{deletedAt: map[string]time.Time{}},
+		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{}, deletedSeen: map[string]time.Time{}, zone: zoneState{deletedAt: map[string]time.Time{}, disruptedSince: map[string]time.Time{}},
 		thirdPartyListed: map[string]map[string]bool{}, thirdPartyRemoved: map[string]map[string]bool{}, flapped: map[string]bool{}, selfAttach: map[string]time.Time{}, kubeletVA: map[string]map[string]bool{}, selfMounted: map[string]map[string]bool{}, thirdPartyVA: map[string]bool{}, explained: map[cache.Key]string{}, failingUntil: map[types.UID]time.Time{}, answeredManaged: map[string]bool{}, readUnmanaged: map[string]bool{},
 	}
 	s.ctx = s.logContext()
@@ -257,7 +267,7 @@ func (s *Sim) newController() {
 	}
 	s.queues = nil
 	s.workers = map[string]int{controller.QueuePods: 2, controller.QueueNodes: 2, controller.QueueVolumeAttachments: 2,
-		controller.QueueVolumes: s.cfg.Workers, controller.QueueNodeStatus: 2}
+		controller.QueueVolumes: s.cfg.Workers, controller.QueueNodeStatus: s.cfg.StatusWorkers}
 	c, err := controller.New(controller.Config{
 		Client:        newClient(s),
 		Recorder:      &recorder{s: s},
@@ -265,7 +275,8 @@ func (s *Sim) newController() {
 		Reconciler:    s.reconcilerConfig(),
 		InTree:        intree.NewRegistry(&iscsiPlugin{s: s}),
 		Workers:       s.cfg.Workers,
-		StatusWorkers: 2,
+		StatusWorkers: s.cfg.StatusWorkers,
+		SyncPeriod:    s.cfg.SyncPeriod,
 		// As the command runs it: a write that only adds volumes waits
 		// for the node's other attaches under way.
 		StatusHold: time.Second,
@@ -333,8 +344,11 @@ func (s *Sim) readPods() {
 	s.recovered = s.recovery.Finish(s.ctx)
 	s.sortRecovered()
 	s.recovery = nil
-	// Run starts its periodic sync now, and runs it at once.
-	s.resyncAt = s.clock.Now()
+	// Run starts its periodic sync now, and runs it at once; not at all
+	// when it is off.
+	if s.cfg.SyncPeriod > 0 {
+		s.resyncAt = s.clock.Now()
+	}
 	s.workers[controller.QueuePods] = 2
 	s.tracef("every pod read, %d recovered volume keys to queue", len(s.recovered))
 }
