@@ -793,3 +793,28 @@ func (s *Sim) readyAgainIfDisrupted(zone string) {
 		}
 	}
 }
+
+// nodesBack brings every node back once the healed world is quiet: the
+// deleted ones are created again (with their CSINodes), every node is Ready.
+func (s *Sim) nodesBack() {
+	created, readied := 0, 0
+	for _, name := range s.nodeNames() {
+		n := s.w.node(name)
+		switch {
+		case n == nil:
+			s.createNode(name)
+			created++
+		case !ready(n):
+			n = n.DeepCopy()
+			n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}
+			s.w.update(rNodes, n)
+			readied++
+		}
+		if s.w.get(rCSINodes, name) == nil {
+			s.createCSINode(name)
+		}
+	}
+	s.stats["heal: node created again once quiet"] += created
+	s.stats["heal: node Ready again once quiet"] += readied
+	s.tracef("every node back: %d created again, %d Ready again", created, readied)
+}

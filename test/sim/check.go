@@ -244,9 +244,14 @@ func (s *Sim) checkQuiet() {
 		s.violate("I4", "quiet, but %s is not attached to %s where a live pod wants it (attached to %v)%s", p.pv, p.node, nodes, s.says(p.pv, p.node))
 		s.explain(p.pv)
 	}
-	// Nothing unwanted is attached.
+	// Nothing unwanted is attached, but a forced detach held in a zone
+	// still disrupted by deletions.
 	for pv, nodes := range attached {
 		for _, node := range nodes {
+			if !wanted[pair{pv, node}] && s.zoneHeld(pv, node) {
+				s.stats["quiet: forced detach held by a zone disrupted by deletions"]++
+				continue
+			}
 			if !wanted[pair{pv, node}] {
 				s.violate("I4", "quiet, but %s stays attached to %s where no live pod wants it%s", pv, node, s.says(pv, node))
 				s.explain(pv)
@@ -280,6 +285,28 @@ func (s *Sim) checkQuiet() {
 			s.violate("I8", "quiet, but the attach of %s to %s, attached for a live pod there, was never announced", p.pv, p.node)
 		}
 	}
+}
+
+// zoneHeld: a detach of pv from node may only be a forced one by timeout,
+// and the node's zone is disrupted, deletions within the deleted node's max
+// wait counted (after heal, no zone is disrupted by nodes not Ready alone):
+// the guard rightly holds it. The node is deleted or not Ready, without the
+// out-of-service taint, with the volume mounted.
+func (s *Sim) zoneHeld(pv, node string) bool {
+	v := s.volumeByPV(pv)
+	n := s.w.node(node)
+	inUse := s.deletedInUse[node]
+	if n != nil {
+		if ready(n) || outOfServiceTaint(n) {
+			return false
+		}
+		_, inUse = invariants.NodeLists(n)
+	}
+	if v == nil || !v.inv().ListedIn(inUse) || s.cfg.ZoneGuardOff {
+		return false
+	}
+	_, _, deletions := s.zoneHealth(s.zoneOf(node))
+	return deletions > 0 && s.zoneDisrupted(s.zoneOf(node))
 }
 
 // attachedName is the unique name kubelet expects for a VolumeAttachment's

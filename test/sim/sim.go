@@ -193,6 +193,9 @@ type Sim struct {
 	// readUnmanaged: the node informer delivered the node unmanaged since
 	// the last answer to its status write.
 	readUnmanaged map[string]bool
+	// answerOnWay counts, per node, the status writes that landed and
+	// whose answer has not reached the controller yet.
+	answerOnWay map[string]int
 }
 
 type pair struct{ pv, node string }
@@ -228,7 +231,7 @@ func newSim(seed int64, cfg Config) *Sim {
 		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
 		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]time.Time{}, podNode: map[string]string{}, unannounced: map[pair]types.UID{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
 		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{}, deletedSeen: map[string]time.Time{}, zone: zoneState{deletedAt: map[string]time.Time{}, disruptedSince: map[string]time.Time{}},
-		thirdPartyListed: map[string]map[string]bool{}, thirdPartyRemoved: map[string]map[string]bool{}, flapped: map[string]bool{}, selfAttach: map[string]time.Time{}, kubeletVA: map[string]map[string]bool{}, selfMounted: map[string]map[string]bool{}, thirdPartyVA: map[string]bool{}, explained: map[cache.Key]string{}, failingUntil: map[types.UID]time.Time{}, answeredManaged: map[string]bool{}, readUnmanaged: map[string]bool{},
+		thirdPartyListed: map[string]map[string]bool{}, thirdPartyRemoved: map[string]map[string]bool{}, flapped: map[string]bool{}, selfAttach: map[string]time.Time{}, kubeletVA: map[string]map[string]bool{}, selfMounted: map[string]map[string]bool{}, thirdPartyVA: map[string]bool{}, explained: map[cache.Key]string{}, failingUntil: map[types.UID]time.Time{}, answeredManaged: map[string]bool{}, readUnmanaged: map[string]bool{}, answerOnWay: map[string]int{},
 	}
 	s.ctx = s.logContext()
 	s.w = newWorld(s)
@@ -444,9 +447,15 @@ func (s *Sim) checkHandoff() {
 func (s *Sim) replace() {
 	s.handoffUntil = 0
 	s.kill()
-	// The iSCSI attacher only records: its record is the node's
-	// volumesAttached. An attachment withdrawn from it is known to no one
-	// once the controller's memory is gone (as with upstream).
+	s.forgetInTree()
+	s.newController()
+}
+
+// forgetInTree drops the in-tree attachments no one knows of once the
+// controller's memory is gone: the iSCSI attacher only records, and its
+// record is the node's volumesAttached; an attachment withdrawn from it is
+// known to no one then (as with upstream).
+func (s *Sim) forgetInTree() {
 	for node, names := range s.intree {
 		n := s.w.node(node)
 		for name := range names {
@@ -456,7 +465,6 @@ func (s *Sim) replace() {
 			}
 		}
 	}
-	s.newController()
 }
 
 type choice struct {
@@ -520,6 +528,10 @@ func (s *Sim) act(chaos bool) (progress bool) {
 			add(0.005, "end partition", s.endPartition)
 		}
 		add(s.cfg.Restart, "restart", s.restart)
+		add(s.cfg.Restart, "outage", s.outage)
+		if len(s.answerOnWay) > 0 && len(s.w.list(rNodes)) > 1 && len(s.answersOnTheirWay()) > 0 {
+			add(0.15, "node deleted under a status answer", s.deleteNodeUnderAnswer)
+		}
 		if s.handoffUntil == 0 {
 			add(s.cfg.Restart, "graceful stop", s.gracefulStop)
 		}
@@ -529,6 +541,9 @@ func (s *Sim) act(chaos bool) (progress bool) {
 			add(s.cfg.ThirdParty, "third party", s.thirdParty)
 			if len(s.stuck()) > 0 {
 				add(s.cfg.ThirdParty, "third party: unstick", s.unstick)
+			}
+			if len(s.unseenAttachments()) > 0 {
+				add(s.cfg.ThirdParty/2, "third party: delete unseen", s.deleteUnseenAttachment)
 			}
 		}
 		if len(s.flapped) > 0 {
@@ -615,6 +630,11 @@ func (s *Sim) relist() {
 	if len(behind) > 0 && s.chance(0.5) {
 		r = behind[s.rng.Intn(len(behind))]
 	}
+	s.relistOf(r)
+}
+
+// relistOf breaks the watch of the informer of r: it lists again.
+func (s *Sim) relistOf(r string) {
 	s.stats["fault: informer relist"]++
 	lost := len(s.w.pending[r])
 	st := s.inf[r].relist(s.w, r)
@@ -683,8 +703,10 @@ func (s *Sim) advance(d time.Duration) {
 }
 
 // quiesce heals the world (faults off, no new workload, deleted pods gone,
-// claims and CSINodes back) and runs until nothing is left to do: then the
-// world and the controller must agree (I4, I5).
+// claims and CSINodes back, partitions ending) and runs until nothing is left
+// to do: then the world and the controller must agree (I4, I5, I8). Then
+// every node comes back (the deleted ones created again, every node Ready),
+// and once nothing is left to do again, they must agree again.
 //
 // A handoff under way goes on with no step limit (and on half the seeds one
 // starts as the faults stop, with whatever is in flight): once nothing is
@@ -698,31 +720,41 @@ func (s *Sim) quiesce() {
 	if s.handoffUntil > 0 {
 		s.handoffUntil = math.MaxInt
 	}
-	quiet := false
+	if !s.runUntilQuiet() {
+		return
+	}
+	s.checkQuiet()
+	if len(s.violations) > 0 {
+		return
+	}
+	s.nodesBack()
+	if s.runUntilQuiet() {
+		s.checkQuiet()
+	}
+}
+
+// runUntilQuiet runs with no fault and no new work until nothing is left to
+// do, and reports whether it got there (I4) with no violation.
+func (s *Sim) runUntilQuiet() bool {
 	for i := 0; i < s.cfg.QuietSteps && len(s.violations) == 0; i++ {
 		s.step++
 		if !s.act(false) {
 			if s.handoffUntil == 0 {
-				quiet = true
-				break
+				return true
 			}
 			n, sample := s.ctrl.HandedOver()
 			if n > 0 {
 				s.violate("I4", "quiet, and the handoff is not done: %d unsettled %v", n, sample)
-				return
+				return false
 			}
 		}
 		s.checkEveryStep()
 		s.checkHandoff()
 	}
-	if len(s.violations) > 0 {
-		return
-	}
-	if !quiet {
+	if len(s.violations) == 0 {
 		s.violate("I4", "not quiet after %d steps with no fault and no new work: %s", s.cfg.QuietSteps, s.busy())
-		return
 	}
-	s.checkQuiet()
+	return false
 }
 
 func (s *Sim) busy() string {
