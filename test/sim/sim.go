@@ -234,6 +234,7 @@ func newSim(seed int64, cfg Config) *Sim {
 		thirdPartyListed: map[string]map[string]bool{}, thirdPartyRemoved: map[string]map[string]bool{}, flapped: map[string]bool{}, selfAttach: map[string]time.Time{}, kubeletVA: map[string]map[string]bool{}, selfMounted: map[string]map[string]bool{}, thirdPartyVA: map[string]bool{}, explained: map[cache.Key]string{}, failingUntil: map[types.UID]time.Time{}, answeredManaged: map[string]bool{}, readUnmanaged: map[string]bool{}, answerOnWay: map[string]int{},
 	}
 	s.ctx = s.logContext()
+	s.tracef("configuration: %s", cfg)
 	s.w = newWorld(s)
 	s.setup()
 	s.newController()
