@@ -122,6 +122,7 @@ func (s *Sim) createNode(name string) {
 	})
 	delete(s.deletedNodes, name)
 	delete(s.zone.deletedAt, name)
+	delete(s.zone.deletedGen, name)
 	delete(s.deletedInUse, name)
 	delete(s.thirdPartyListed, name)
 	delete(s.thirdPartyRemoved, name)
@@ -703,6 +704,7 @@ func (s *Sim) deleteNode(n *v1.Node) {
 	s.deletedNodes[n.Name] = true
 	if n.Annotations[managed] != "" {
 		s.zone.deletedAt[n.Name] = s.clock.Now()
+		s.zone.deletedGen[n.Name] = s.gen
 	}
 	var inUse []string
 	for _, v := range n.Status.VolumesInUse {

@@ -253,7 +253,11 @@ func (s *Sim) checkQuiet() {
 				continue
 			}
 			if !wanted[pair{pv, node}] {
-				s.violate("I4", "quiet, but %s stays attached to %s where no live pod wants it%s", pv, node, s.says(pv, node))
+				gone := ""
+				if s.w.node(node) == nil {
+					gone = " (deleted)"
+				}
+				s.violate("I4", "quiet, but %s stays attached to %s%s where no live pod wants it%s", pv, node, gone, s.says(pv, node))
 				s.explain(pv)
 			}
 		}
@@ -305,8 +309,8 @@ func (s *Sim) zoneHeld(pv, node string) bool {
 	if v == nil || !v.inv().ListedIn(inUse) || s.cfg.ZoneGuardOff {
 		return false
 	}
-	_, _, deletions := s.zoneHealth(s.zoneOf(node))
-	return deletions > 0 && s.zoneDisrupted(s.zoneOf(node))
+	z := s.zoneHealth(s.zoneOf(node))
+	return z.deleted > 0 && z.disrupted()
 }
 
 // attachedName is the unique name kubelet expects for a VolumeAttachment's

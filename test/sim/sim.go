@@ -230,7 +230,7 @@ func newSim(seed int64, cfg Config) *Sim {
 		clock:   clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
 		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
 		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]time.Time{}, podNode: map[string]string{}, unannounced: map[pair]types.UID{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
-		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{}, deletedSeen: map[string]time.Time{}, zone: zoneState{deletedAt: map[string]time.Time{}, disruptedSince: map[string]time.Time{}},
+		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{}, deletedSeen: map[string]time.Time{}, zone: zoneState{deletedAt: map[string]time.Time{}, deletedGen: map[string]int{}, disruptedSince: map[string]time.Time{}},
 		thirdPartyListed: map[string]map[string]bool{}, thirdPartyRemoved: map[string]map[string]bool{}, flapped: map[string]bool{}, selfAttach: map[string]time.Time{}, kubeletVA: map[string]map[string]bool{}, selfMounted: map[string]map[string]bool{}, thirdPartyVA: map[string]bool{}, explained: map[cache.Key]string{}, failingUntil: map[types.UID]time.Time{}, answeredManaged: map[string]bool{}, readUnmanaged: map[string]bool{}, answerOnWay: map[string]int{},
 	}
 	s.ctx = s.logContext()

@@ -53,7 +53,11 @@ func (s *Sim) zones() []string { return zoneNames[:max(1, s.cfg.Zones)] }
 // zoneState is the world's side of the zones: when nodes were deleted, and
 // since when each zone has been disrupted.
 type zoneState struct {
+	// deletedAt: when each managed node was deleted; deletedGen, the
+	// controller generation running then (one deleted while the
+	// controller was down: the one before the next).
 	deletedAt      map[string]time.Time
+	deletedGen     map[string]int
 	disruptedSince map[string]time.Time
 	// partitioned are the nodes the last partition made NotReady, in zone
 	// partitionedZone; endAt, when one that outlives the faults ends
@@ -72,35 +76,70 @@ func (s *Sim) deletedNodeWait() time.Duration {
 	return s.cfg.MaxWaitForUnmount
 }
 
+// zoneCount is what the world shows of a zone's managed nodes.
+type zoneCount struct {
+	// nodes counts the zone's managed nodes, unhealthy those not Ready, a
+	// node deleted within the deleted node's max wait counting as one not
+	// Ready; deleted counts those, unseen those of them deleted before the
+	// running controller started.
+	nodes, unhealthy, deleted, unseen int
+}
+
+func (z zoneCount) disrupted() bool {
+	return z.nodes > 0 && z.unhealthy >= zoneMinNodes && float64(z.unhealthy) >= zoneThreshold*float64(z.nodes)
+}
+
 // zoneHealth counts a zone's managed nodes and those not Ready, a node
-// deleted within the deleted node's max wait counting as one not Ready
-// (deletions counts those).
-func (s *Sim) zoneHealth(zone string) (unhealthy, nodes, deletions int) {
+// deleted within the deleted node's max wait counting as one not Ready. A
+// node deleted before the running controller started counts only while it
+// has an attachment: of one without any, the controller cannot know (it
+// never read the node, nor anything on it).
+func (s *Sim) zoneHealth(zone string) zoneCount {
+	var z zoneCount
 	now := s.clock.Now()
 	for _, o := range s.w.list(rNodes) {
 		n := o.(*v1.Node)
 		if n.Annotations[managed] == "" || n.Labels[v1.LabelTopologyZone] != zone {
 			continue
 		}
-		nodes++
+		z.nodes++
 		if !ready(n) {
-			unhealthy++
+			z.unhealthy++
 		}
 	}
+	var attached map[string]bool
 	for name, t := range s.zone.deletedAt {
-		if s.zoneOf(name) == zone && s.w.node(name) == nil && now.Sub(t) < s.deletedNodeWait() {
-			nodes++
-			unhealthy++
-			deletions++
+		if s.zoneOf(name) != zone || s.w.node(name) != nil || now.Sub(t) >= s.deletedNodeWait() {
+			continue
 		}
+		if s.zone.deletedGen[name] < s.gen {
+			if attached == nil {
+				attached = s.nodesWithAttachments()
+			}
+			if !attached[name] {
+				continue
+			}
+			z.unseen++
+		}
+		z.nodes++
+		z.unhealthy++
+		z.deleted++
 	}
-	return unhealthy, nodes, deletions
+	return z
 }
 
-func (s *Sim) zoneDisrupted(zone string) bool {
-	unhealthy, nodes, _ := s.zoneHealth(zone)
-	return nodes > 0 && unhealthy >= zoneMinNodes && float64(unhealthy) >= zoneThreshold*float64(nodes)
+// nodesWithAttachments returns the nodes that hold an attachment.
+func (s *Sim) nodesWithAttachments() map[string]bool {
+	out := map[string]bool{}
+	for _, nodes := range s.attachedNodes() {
+		for _, n := range nodes {
+			out[n] = true
+		}
+	}
+	return out
 }
+
+func (s *Sim) zoneDisrupted(zone string) bool { return s.zoneHealth(zone).disrupted() }
 
 // noteZone keeps when each zone became disrupted, every step.
 func (s *Sim) noteZone() {
@@ -125,9 +164,16 @@ func (s *Sim) checkZoneHold(pv, node string) {
 			s.stats["zone: forced detach in a disrupted zone, no guard"]++
 			return
 		}
-		unhealthy, nodes, _ := s.zoneHealth(zone)
-		s.violate("I10", "forced detach of %s from node %s while its zone %q has been disrupted for %s (%d of %d nodes not ready)",
-			pv, node, zone, s.clock.Now().Sub(t), unhealthy, nodes)
+		state := "not Ready"
+		if _, ok := s.zone.deletedAt[node]; ok && s.w.node(node) == nil {
+			state = "deleted"
+			if s.zone.deletedGen[node] < s.gen {
+				state = "deleted before the running controller started"
+			}
+		}
+		z := s.zoneHealth(zone)
+		s.violate("I10", "forced detach of %s from node %s (%s) while its zone %q has been disrupted for %s (%d of %d nodes not ready, %d deleted, %d before the running controller started)",
+			pv, node, state, zone, s.clock.Now().Sub(t), z.unhealthy, z.nodes, z.deleted, z.unseen)
 	}
 }
 
