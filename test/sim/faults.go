@@ -123,6 +123,7 @@ func (s *Sim) deleteUnseenAttachment() {
 	all := s.unseenAttachments()
 	va := all[s.rng.Intn(len(all))]
 	s.stats[faultUnseenDeleted]++
+	s.tracef("third party: VolumeAttachment %s deleted right after its creation, the informer has not shown it", va.Name)
 	s.deleteAttachmentAsThirdParty(va)
 	if s.w.get(rAttachments, va.Name) == nil && s.chance(0.5) {
 		s.stats[faultNeverShownDelete]++

@@ -96,7 +96,7 @@ func (s *summary) String() string {
 			inv, len(x.seeds), x.first, x.nth, x.msg, x.seeds[:min(len(x.seeds), 30)])
 	}
 	if len(s.dims) > 1 || s.failed > 0 {
-		b.WriteString("\n  by configuration (seeds, seeds with violations by their first; faults of the sweep):")
+		b.WriteString("\n  config (each value of each dimension): seeds, seeds with violations (by their first invariant); the sweep's faults")
 	}
 	slices.SortStableFunc(s.dimOrder, compareDimensions)
 	for _, d := range s.dimOrder {
@@ -112,7 +112,7 @@ func (s *summary) String() string {
 		if len(invs) > 0 {
 			v = " (" + strings.Join(invs, ", ") + ")"
 		}
-		fmt.Fprintf(&b, "\n    %-24s %6d seeds, %4d with violations%s; %s", d, x.seeds, x.failed, v, strings.Join(faults, ", "))
+		fmt.Fprintf(&b, "\n    config %-24s %6d seeds, %4d with violations%s; %s", d, x.seeds, x.failed, v, strings.Join(faults, ", "))
 	}
 	return b.String()
 }
