@@ -702,9 +702,9 @@ func (s *Sim) workload() {
 // collector does.
 func (s *Sim) deleteNode(n *v1.Node) {
 	s.deletedNodes[n.Name] = true
+	s.zone.deletedGen[n.Name] = s.gen
 	if n.Annotations[managed] != "" {
 		s.zone.deletedAt[n.Name] = s.clock.Now()
-		s.zone.deletedGen[n.Name] = s.gen
 	}
 	var inUse []string
 	for _, v := range n.Status.VolumesInUse {

@@ -54,8 +54,8 @@ func (s *Sim) zones() []string { return zoneNames[:max(1, s.cfg.Zones)] }
 // since when each zone has been disrupted.
 type zoneState struct {
 	// deletedAt: when each managed node was deleted; deletedGen, the
-	// controller generation running then (one deleted while the
-	// controller was down: the one before the next).
+	// controller generation running when a node was deleted (one deleted
+	// while the controller was down: the one before the next).
 	deletedAt      map[string]time.Time
 	deletedGen     map[string]int
 	disruptedSince map[string]time.Time
@@ -165,7 +165,7 @@ func (s *Sim) checkZoneHold(pv, node string) {
 			return
 		}
 		state := "not Ready"
-		if _, ok := s.zone.deletedAt[node]; ok && s.w.node(node) == nil {
+		if s.deletedNodes[node] {
 			state = "deleted"
 			if s.zone.deletedGen[node] < s.gen {
 				state = "deleted before the running controller started"
