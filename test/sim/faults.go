@@ -31,13 +31,16 @@ const (
 )
 
 // sweepFaults are the counters the summary gives per configuration, with
-// their short names.
-var sweepFaults = []struct{ stat, short string }{
-	{faultOutageDeletion, "deleted while down"},
-	{faultAnswerDeletion, "deleted under a status answer"},
-	{faultAnswerTombstone, "(as a tombstone)"},
-	{faultUnseenDeleted, "VolumeAttachment deleted unseen"},
-	{faultNeverShownDelete, "(never shown)"},
+// their short names; a sub-count is given within the one before.
+var sweepFaults = []struct {
+	stat, short string
+	sub         bool
+}{
+	{faultOutageDeletion, "nodes deleted while down", false},
+	{faultAnswerDeletion, "deleted under a status answer", false},
+	{faultAnswerTombstone, "as tombstones", true},
+	{faultUnseenDeleted, "VolumeAttachments deleted unseen", false},
+	{faultNeverShownDelete, "never shown", true},
 }
 
 // outage kills the controller and starts the next one a while later, as an

@@ -106,6 +106,10 @@ func (s *summary) String() string {
 			invs = append(invs, fmt.Sprintf("%s %d", inv, x.invariants[inv]))
 		}
 		for _, f := range sweepFaults {
+			if f.sub {
+				faults[len(faults)-1] += fmt.Sprintf(" (%d %s)", x.faults[f.stat], f.short)
+				continue
+			}
 			faults = append(faults, fmt.Sprintf("%s %d", f.short, x.faults[f.stat]))
 		}
 		v := ""

@@ -38,11 +38,15 @@ func TestSweepReachesItsFaults(t *testing.T) {
 			t.Errorf("%d seeds of the sweep never ran %s", seeds, v)
 		}
 	}
-	for _, f := range append(slices.Clone(sweepFaults), struct{ stat, short string }{faultOutage, ""}) {
-		if stats[f.stat] == 0 {
-			t.Errorf("%d seeds of the sweep: no %q", seeds, f.stat)
+	faults := []string{faultOutage}
+	for _, f := range sweepFaults {
+		faults = append(faults, f.stat)
+	}
+	for _, f := range faults {
+		if stats[f] == 0 {
+			t.Errorf("%d seeds of the sweep: no %q", seeds, f)
 		} else {
-			t.Logf("%s: %d", f.stat, stats[f.stat])
+			t.Logf("%s: %d", f, stats[f])
 		}
 	}
 }
