@@ -3,7 +3,6 @@ package sim
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/rand"
 	"os"
 	"slices"
@@ -701,74 +700,6 @@ func (s *Sim) advance(d time.Duration) {
 		q.fire(s.clock.Now())
 	}
 	s.tracef("time +%s", d)
-}
-
-// quiesce heals the world (faults off, no new workload, deleted pods gone,
-// claims and CSINodes back, partitions ending) and runs until nothing is left
-// to do: then the world and the controller must agree (I4, I5, I8). Then
-// every node comes back (the deleted ones created again, every node Ready),
-// and once nothing is left to do again, they must agree again.
-//
-// A handoff under way goes on with no step limit (and on half the seeds one
-// starts as the faults stop, with whatever is in flight): once nothing is
-// left to do, it must be done.
-func (s *Sim) quiesce() {
-	s.faults = false
-	s.heal()
-	if s.handoffUntil == 0 && s.chance(0.5) {
-		s.gracefulStop()
-	}
-	if s.handoffUntil > 0 {
-		s.handoffUntil = math.MaxInt
-	}
-	if !s.runUntilQuiet() {
-		return
-	}
-	s.checkQuiet()
-	if len(s.violations) > 0 {
-		return
-	}
-	s.nodesBack()
-	if s.runUntilQuiet() {
-		s.checkQuiet()
-	}
-}
-
-// runUntilQuiet runs with no fault and no new work until nothing is left to
-// do, and reports whether it got there (I4) with no violation.
-func (s *Sim) runUntilQuiet() bool {
-	for i := 0; i < s.cfg.QuietSteps && len(s.violations) == 0; i++ {
-		s.step++
-		if !s.act(false) {
-			if s.handoffUntil == 0 {
-				return true
-			}
-			n, sample := s.ctrl.HandedOver()
-			if n > 0 {
-				s.violate("I4", "quiet, and the handoff is not done: %d unsettled %v", n, sample)
-				return false
-			}
-		}
-		s.checkEveryStep()
-		s.checkHandoff()
-	}
-	if len(s.violations) == 0 {
-		s.violate("I4", "not quiet after %d steps with no fault and no new work: %s", s.cfg.QuietSteps, s.busy())
-	}
-	return false
-}
-
-func (s *Sim) busy() string {
-	var out []string
-	for _, q := range s.queues {
-		if !q.idle() {
-			out = append(out, fmt.Sprintf("queue %s: %v", q.queueName(), q.readyNames()))
-		}
-	}
-	for _, t := range s.paused {
-		out = append(out, "task "+t.desc)
-	}
-	return strings.Join(out, "; ")
 }
 
 // recorder keeps the controller's events in the trace.
