@@ -702,6 +702,7 @@ func (s *Sim) workload() {
 // collector does.
 func (s *Sim) deleteNode(n *v1.Node) {
 	s.deletedNodes[n.Name] = true
+	s.deletedSeen[n.Name] = s.clock.Now()
 	s.zone.deletedGen[n.Name] = s.gen
 	if n.Annotations[managed] != "" {
 		s.zone.deletedAt[n.Name] = s.clock.Now()

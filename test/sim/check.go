@@ -180,13 +180,13 @@ func (s *Sim) checkDetachStart(pv, node string) {
 		return ok && unwanted && !t.Before(since)
 	}
 	// A node whose Node object is gone waits the deleted node's max wait;
-	// so may one deleted a moment ago, created again since.
+	// so may one deleted since, created again.
 	maxWait := s.cfg.MaxWaitForUnmount
-	if n == nil || held(s.deletedSeen) {
-		maxWait = min(maxWait, s.deletedNodeWait())
-	}
-	if n == nil {
+	switch {
+	case n == nil:
 		maxWait = s.deletedNodeWait()
+	case held(s.deletedSeen):
+		maxWait = min(maxWait, s.deletedNodeWait())
 	}
 	switch {
 	case s.wantedFor(seenWant)[pair{pv, node}]:
