@@ -9,6 +9,9 @@
 #   make kubectl-adc  the kubectl plugin (kubectl adc why pod/NAME)
 #   make test-skew    integration and end-to-end tests against every
 #                     supported kube-apiserver release (not in make test)
+#   make sim-sweep    the simulation's long sweep of world configurations:
+#                     200,000 seeds, violations tallied by invariant, shape
+#                     and configuration (not in make test)
 
 SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
@@ -45,7 +48,7 @@ E2E_TOOLS := etcd kube-apiserver csi-attacher csi-mock-driver
 # manifests/, as `kubectl kustomize` would), and the e2e stack.
 TOOLS := $(E2E_TOOLS) kube-controller-manager kustomize
 
-.PHONY: all build kubectl-adc kubectl-adc-release tools go-tools helm promtool test-binaries test test-unit test-bench test-sim test-integration test-e2e test-chaos test-skew chaos demo bench verify image clean
+.PHONY: all build kubectl-adc kubectl-adc-release tools go-tools helm promtool test-binaries test test-unit test-bench test-sim sim-sweep test-integration test-e2e test-chaos test-skew chaos demo bench verify image clean
 
 all: build
 
@@ -105,12 +108,25 @@ test-unit:
 test-bench:
 	$(GO_TEST) $(TEST_FLAGS) -short -run '^$$' -bench . -benchtime=1x ./pkg/cache ./pkg/reconciler ./pkg/controller
 
-# The deterministic simulation (test/sim): SIM_SEEDS seeds from SIM_FIRST_SEED;
-# SIM_SEED=N replays one seed with its whole trace.
+# The deterministic simulation (test/sim): a short sweep, SIM_SEEDS seeds from
+# SIM_FIRST_SEED, SIM_PARALLEL at a time, each in the world it draws (nodes,
+# zones, workers, the deleted node's max wait, zone guard, periodic sync);
+# SIM_CONFIG=default runs the one small world of before. SIM_SEED=N replays one
+# seed, its world included, with its whole trace.
 SIM_SEEDS ?= 1000
+SIM_PARALLEL ?= 2
+SIM_OUTPUT := '^(=== RUN|--- |PASS|FAIL|ok)|simulation:|^ +(fault|event|violations|config) |^ +[0-9]+ seeds, first|^ +seeds:|sim_test.go'
 test-sim:
-	SIM_SEEDS=$(SIM_SEEDS) $(GO_TEST) $(TEST_FLAGS) -timeout 30m -v -run 'TestSimulation|TestChecker' ./test/sim/ | \
-	  grep -E '^(=== RUN|--- |PASS|FAIL|ok)|simulation:|^ +(fault|event)|sim_test.go' ; exit $${PIPESTATUS[0]}
+	SIM_SEEDS=$(SIM_SEEDS) SIM_PARALLEL=$(SIM_PARALLEL) $(GO_TEST) $(TEST_FLAGS) -timeout 30m -v -run 'TestSimulation|TestChecker|TestSweep' ./test/sim/ | \
+	  grep -E $(SIM_OUTPUT) ; exit $${PIPESTATUS[0]}
+
+# The long sweep: 200,000 seeds (or SIM_SEEDS) of the simulation, two at a
+# time, every seed run whatever it finds; the summary tallies the violations by
+# invariant, by shape (with the first seed of each) and by configuration.
+sim-sweep:
+	SIM_SEEDS=$(if $(filter command line environment,$(origin SIM_SEEDS)),$(SIM_SEEDS),200000) SIM_PARALLEL=2 SIM_KEEP_GOING=1 \
+	  $(GO_TEST) $(TEST_FLAGS) -timeout 0 -v -run 'TestSimulation$$' ./test/sim/ | \
+	  grep -E $(SIM_OUTPUT) ; exit $${PIPESTATUS[0]}
 
 # The controller (make build) and kubeletsim, built once for every test package
 # that runs them (test/framework: ADC_CONTROLLER_BINARY, ADC_KUBELETSIM_BINARY).

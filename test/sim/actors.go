@@ -117,11 +117,12 @@ func (s *Sim) createPV(v simVolume) {
 func (s *Sim) createNode(name string) {
 	s.w.create(rNodes, &v1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{managed: "true"},
-			Labels: map[string]string{v1.LabelTopologyZone: simZone}},
+			Labels: map[string]string{v1.LabelTopologyZone: s.zoneOf(name)}},
 		Status: v1.NodeStatus{Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}},
 	})
 	delete(s.deletedNodes, name)
 	delete(s.zone.deletedAt, name)
+	delete(s.zone.deletedGen, name)
 	delete(s.deletedInUse, name)
 	delete(s.thirdPartyListed, name)
 	delete(s.thirdPartyRemoved, name)
@@ -701,6 +702,8 @@ func (s *Sim) workload() {
 // collector does.
 func (s *Sim) deleteNode(n *v1.Node) {
 	s.deletedNodes[n.Name] = true
+	s.deletedSeen[n.Name] = s.clock.Now()
+	s.zone.deletedGen[n.Name] = s.gen
 	if n.Annotations[managed] != "" {
 		s.zone.deletedAt[n.Name] = s.clock.Now()
 	}
@@ -735,49 +738,4 @@ func (s *Sim) createPodNamed(name, pv, node string) {
 		Status: v1.PodStatus{Phase: v1.PodRunning, ContainerStatuses: []v1.ContainerStatus{
 			{Name: "c", State: v1.ContainerState{Running: &v1.ContainerStateRunning{}}}}},
 	})
-}
-
-// heal ends the faults: deleting pods finish, claims and CSINodes are back.
-func (s *Sim) heal() {
-	for _, o := range s.w.list(rPods) {
-		if p := o.(*v1.Pod); p.DeletionTimestamp != nil {
-			s.w.remove(rPods, keyOf(p))
-		}
-	}
-	for _, v := range s.vols {
-		if s.w.get(rPVCs, ns+"/c-"+v.pv) == nil {
-			s.createClaim(v.pv)
-		}
-	}
-	for _, v := range s.vols {
-		if s.w.get(rPVs, v.pv) == nil {
-			s.createPV(v)
-		}
-	}
-	s.flapped = map[string]bool{}
-	s.selfAttach = map[string]time.Time{}
-	for i := range s.cfg.Nodes {
-		if name := nodeName(i); s.w.node(name) != nil && s.w.get(rCSINodes, name) == nil {
-			s.createCSINode(name)
-		}
-		if n := s.w.node(nodeName(i)); n != nil && n.Annotations[managed] == "" {
-			n = n.DeepCopy()
-			n.Annotations = map[string]string{managed: "true"}
-			s.w.update(rNodes, n)
-		}
-	}
-	// A partition heals, a while later; so does a zone left disrupted by
-	// nodes gone NotReady one by one, or its forced detaches would be held
-	// for good.
-	s.outlivePartition()
-	if len(s.zone.partitioned) == 0 && s.zoneDisrupted() {
-		for _, o := range s.w.list(rNodes) {
-			if n := o.(*v1.Node); !ready(n) {
-				n = n.DeepCopy()
-				n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}
-				s.w.update(rNodes, n)
-			}
-		}
-	}
-	s.tracef("heal: deleting pods gone, PVs, claims, CSINodes and managed nodes back, a partition under way ends in a while; no more faults")
 }

@@ -74,6 +74,7 @@ func (s *Sim) checkEveryStep() {
 	}
 	for name := range s.deletedNodes {
 		s.unhealthySeen[name] = now
+		s.deletedSeen[name] = now
 	}
 	s.noteZone()
 	// The max wait runs from when the volume stopped being wanted. A want
@@ -178,6 +179,15 @@ func (s *Sim) checkDetachStart(pv, node string) {
 		t, ok := at[node]
 		return ok && unwanted && !t.Before(since)
 	}
+	// A node whose Node object is gone waits the deleted node's max wait;
+	// so may one deleted since, created again.
+	maxWait := s.cfg.MaxWaitForUnmount
+	switch {
+	case n == nil:
+		maxWait = s.deletedNodeWait()
+	case held(s.deletedSeen):
+		maxWait = min(maxWait, s.deletedNodeWait())
+	}
 	switch {
 	case s.wantedFor(seenWant)[pair{pv, node}]:
 		// Not even the out-of-service taint detaches the volume of a live
@@ -188,9 +198,9 @@ func (s *Sim) checkDetachStart(pv, node string) {
 		s.violate("I2", "detach of %s from node %s started while a live pod there uses it", pv, node)
 	case n != nil && ready(n) && !held(s.unhealthySeen):
 		s.violate("I2", "detach of %s from %s started while it is mounted on a Ready node", pv, node)
-	case s.clock.Now().Sub(since) < s.cfg.MaxWaitForUnmount:
+	case s.clock.Now().Sub(since) < maxWait:
 		s.violate("I2", "forced detach of %s from unhealthy node %s after %s, before the max wait for unmount (%s)",
-			pv, node, s.clock.Now().Sub(since), s.cfg.MaxWaitForUnmount)
+			pv, node, s.clock.Now().Sub(since), maxWait)
 	default:
 		// A forced detach by timeout.
 		s.checkZoneHold(pv, node)
@@ -234,11 +244,20 @@ func (s *Sim) checkQuiet() {
 		s.violate("I4", "quiet, but %s is not attached to %s where a live pod wants it (attached to %v)%s", p.pv, p.node, nodes, s.says(p.pv, p.node))
 		s.explain(p.pv)
 	}
-	// Nothing unwanted is attached.
+	// Nothing unwanted is attached, but a forced detach held in a zone
+	// still disrupted by deletions.
 	for pv, nodes := range attached {
 		for _, node := range nodes {
+			if !wanted[pair{pv, node}] && s.zoneHeld(pv, node) {
+				s.stats["quiet: forced detach held by a zone disrupted by deletions"]++
+				continue
+			}
 			if !wanted[pair{pv, node}] {
-				s.violate("I4", "quiet, but %s stays attached to %s where no live pod wants it%s", pv, node, s.says(pv, node))
+				gone := ""
+				if s.w.node(node) == nil {
+					gone = " (deleted)"
+				}
+				s.violate("I4", "quiet, but %s stays attached to %s%s where no live pod wants it%s", pv, node, gone, s.says(pv, node))
 				s.explain(pv)
 			}
 		}
@@ -270,6 +289,28 @@ func (s *Sim) checkQuiet() {
 			s.violate("I8", "quiet, but the attach of %s to %s, attached for a live pod there, was never announced", p.pv, p.node)
 		}
 	}
+}
+
+// zoneHeld: a detach of pv from node may only be a forced one by timeout,
+// and the node's zone is disrupted, deletions within the deleted node's max
+// wait counted (after heal, no zone is disrupted by nodes not Ready alone):
+// the guard rightly holds it. The node is deleted or not Ready, without the
+// out-of-service taint, with the volume mounted.
+func (s *Sim) zoneHeld(pv, node string) bool {
+	v := s.volumeByPV(pv)
+	n := s.w.node(node)
+	inUse := s.deletedInUse[node]
+	if n != nil {
+		if ready(n) || outOfServiceTaint(n) {
+			return false
+		}
+		_, inUse = invariants.NodeLists(n)
+	}
+	if v == nil || !v.inv().ListedIn(inUse) || s.cfg.ZoneGuardOff {
+		return false
+	}
+	z := s.zoneHealth(s.zoneOf(node))
+	return z.deleted > 0 && z.disrupted()
 }
 
 // attachedName is the unique name kubelet expects for a VolumeAttachment's

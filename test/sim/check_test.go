@@ -47,12 +47,29 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 		n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionFalse}}
 	}
 
+	// In a world of two zones of four nodes: zone "a" holds the even
+	// nodes, zone "b" the odd ones.
+	twoZones := func(c *Config) { c.Nodes, c.Zones = 8, 2 }
+	fourNodes := func(c *Config) { c.Nodes = 4 }
+	// mountedOn: rwo-0 attached to node, listed and mounted there, its pod
+	// gone.
+	mountedOn := func(s *Sim, node string) {
+		attach(s, node)
+		setNode(s, node, func(n *v1.Node) { listed(n); mounted(n) })
+	}
+	later := func(s *Sim, d time.Duration) {
+		s.checkEveryStep()
+		s.clock.SetTime(s.clock.Now().Add(d))
+		s.checkEveryStep()
+	}
+
 	for _, tc := range []struct {
 		name  string
+		cfg   func(c *Config)
 		plant func(s *Sim)
 		want  string // the invariant reported; empty: none
 	}{
-		{"a right world", func(s *Sim) {
+		{"a right world", nil, func(s *Sim) {
 			s.createPod("rwo-0", nodeName(0))
 			attach(s, nodeName(0))
 			setNode(s, nodeName(0), func(n *v1.Node) { listed(n); mounted(n) })
@@ -60,25 +77,25 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			s.checkQuiet()
 			s.checkHandedOver()
 		}, ""},
-		{"I1: RWO volume attached to two nodes", func(s *Sim) {
+		{"I1: RWO volume attached to two nodes", nil, func(s *Sim) {
 			attach(s, nodeName(0))
 			attach(s, nodeName(1))
 			s.checkEveryStep()
 		}, "I1"},
-		{"I2: detach of a volume mounted on a Ready node", func(s *Sim) {
+		{"I2: detach of a volume mounted on a Ready node", nil, func(s *Sim) {
 			attach(s, nodeName(0))
 			setNode(s, nodeName(0), mounted)
 			s.checkEveryStep()
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I2"},
-		{"I2: forced detach from a NotReady node before the max wait", func(s *Sim) {
+		{"I2: forced detach from a NotReady node before the max wait", nil, func(s *Sim) {
 			attach(s, nodeName(0))
 			setNode(s, nodeName(0), func(n *v1.Node) { mounted(n); notReady(n) })
 			s.checkEveryStep()
 			s.clock.SetTime(s.clock.Now().Add(time.Minute))
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I2"},
-		{"I2: detach of a volume a live pod uses on a NotReady node", func(s *Sim) {
+		{"I2: detach of a volume a live pod uses on a NotReady node", nil, func(s *Sim) {
 			s.createPod("rwo-0", nodeName(0))
 			attach(s, nodeName(0))
 			setNode(s, nodeName(0), func(n *v1.Node) { mounted(n); notReady(n) })
@@ -86,7 +103,7 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			s.clock.SetTime(s.clock.Now().Add(time.Hour))
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I2"},
-		{"I2: detach of a volume a live pod uses, decided under an out-of-service taint gone since", func(s *Sim) {
+		{"I2: detach of a volume a live pod uses, decided under an out-of-service taint gone since", nil, func(s *Sim) {
 			s.createPod("rwo-0", nodeName(0))
 			attach(s, nodeName(0))
 			setNode(s, nodeName(0), mounted)
@@ -101,7 +118,7 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			s.checkEveryStep()
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I2"},
-		{"I2: none under an out-of-service taint gone since, for a pod whose claim went before the running controller started", func(s *Sim) {
+		{"I2: none under an out-of-service taint gone since, for a pod whose claim went before the running controller started", nil, func(s *Sim) {
 			s.createPod("rwo-0", nodeName(0))
 			attach(s, nodeName(0))
 			setNode(s, nodeName(0), mounted)
@@ -118,14 +135,14 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			s.checkEveryStep()
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, ""},
-		{"I7: detach of a volume a live pod has long wanted, not mounted yet", func(s *Sim) {
+		{"I7: detach of a volume a live pod has long wanted, not mounted yet", nil, func(s *Sim) {
 			s.createPod("rwo-0", nodeName(0))
 			attach(s, nodeName(0))
 			s.checkEveryStep()
 			s.clock.SetTime(s.clock.Now().Add(seenWant))
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I7"},
-		{"I7: none for a pod whose claim went before the running controller started", func(s *Sim) {
+		{"I7: none for a pod whose claim went before the running controller started", nil, func(s *Sim) {
 			s.createPod("rwo-0", nodeName(0))
 			attach(s, nodeName(0))
 			s.checkEveryStep()
@@ -138,7 +155,7 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			s.checkEveryStep()
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, ""},
-		{"I7: a pod whose claim went after the running controller could read it", func(s *Sim) {
+		{"I7: a pod whose claim went after the running controller could read it", nil, func(s *Sim) {
 			s.createPod("rwo-0", nodeName(0))
 			attach(s, nodeName(0))
 			s.checkEveryStep()
@@ -148,7 +165,7 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			s.checkEveryStep()
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I7"},
-		{"I7: a pod whose node was unmanaged while its claim was there (what pods want is read on every node)", func(s *Sim) {
+		{"I7: a pod whose node was unmanaged while its claim was there (what pods want is read on every node)", nil, func(s *Sim) {
 			setNode(s, nodeName(0), func(n *v1.Node) { n.Annotations = nil })
 			s.createPod("rwo-0", nodeName(0))
 			s.checkEveryStep()
@@ -161,7 +178,7 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			attach(s, nodeName(0))
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I7"},
-		{"I2: detach of a volume a kubelet mounted by itself, for a pod the controller's informer has", func(s *Sim) {
+		{"I2: detach of a volume a kubelet mounted by itself, for a pod the controller's informer has", nil, func(s *Sim) {
 			s.createPod("rwo-0", nodeName(0))
 			for len(s.w.pending[rPods]) > 0 {
 				s.deliver(rPods)
@@ -171,33 +188,33 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			s.checkEveryStep()
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I2"},
-		{"I2: none for a volume a kubelet mounted by itself, for a pod not in the controller's informer yet", func(s *Sim) {
+		{"I2: none for a volume a kubelet mounted by itself, for a pod not in the controller's informer yet", nil, func(s *Sim) {
 			s.createPod("rwo-0", nodeName(0))
 			attach(s, nodeName(0))
 			s.selfMounted[nodeName(0)] = map[string]bool{rwo0: true}
 			s.checkEveryStep()
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, ""},
-		{"I7: none for a pod just created", func(s *Sim) {
+		{"I7: none for a pod just created", nil, func(s *Sim) {
 			attach(s, nodeName(0))
 			s.createPod("rwo-0", nodeName(0))
 			s.checkEveryStep()
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, ""},
-		{"I3: detach while node status lists the volume", func(s *Sim) {
+		{"I3: detach while node status lists the volume", nil, func(s *Sim) {
 			attach(s, nodeName(0))
 			setNode(s, nodeName(0), listed)
 			s.checkEveryStep()
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I3"},
-		{"I3: none while what a third party listed since the controller's last write lists it", func(s *Sim) {
+		{"I3: none while what a third party listed since the controller's last write lists it", nil, func(s *Sim) {
 			attach(s, nodeName(0))
 			setNode(s, nodeName(0), listed)
 			s.thirdPartyListed[nodeName(0)] = map[string]bool{rwo0: true}
 			s.checkEveryStep()
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, ""},
-		{"I3: once the controller's own status write listed it again", func(s *Sim) {
+		{"I3: once the controller's own status write listed it again", nil, func(s *Sim) {
 			attach(s, nodeName(0))
 			s.thirdPartyListed[nodeName(0)] = map[string]bool{rwo0: true}
 			patch, _ := json.Marshal(map[string]any{"status": map[string]any{"volumesAttached": []v1.AttachedVolume{{Name: v1.UniqueVolumeName(rwo0)}}}})
@@ -207,52 +224,52 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			s.checkEveryStep()
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I3"},
-		{"I4: quiet with a VolumeAttachment nobody wants", func(s *Sim) {
+		{"I4: quiet with a VolumeAttachment nobody wants", nil, func(s *Sim) {
 			attach(s, nodeName(0))
 			setNode(s, nodeName(0), listed)
 			s.checkQuiet()
 		}, "I4"},
-		{"I4: quiet with a wanted volume not attached", func(s *Sim) {
+		{"I4: quiet with a wanted volume not attached", nil, func(s *Sim) {
 			s.createPod("rwx", nodeName(1))
 			s.checkQuiet()
 		}, "I4"},
-		{"I5: quiet with node status listing what is not attached", func(s *Sim) {
+		{"I5: quiet with node status listing what is not attached", nil, func(s *Sim) {
 			s.createPod("rwo-0", nodeName(0))
 			attach(s, nodeName(0))
 			setNode(s, nodeName(1), listed)
 			s.checkQuiet()
 		}, "I5"},
-		{"I8: quiet with an attach of this controller never announced", func(s *Sim) {
+		{"I8: quiet with an attach of this controller never announced", nil, func(s *Sim) {
 			attachedByController(s)
 			s.checkQuiet()
 		}, "I8"},
-		{"I8: none for one created again by someone else after the controller's was gone", func(s *Sim) {
+		{"I8: none for one created again by someone else after the controller's was gone", nil, func(s *Sim) {
 			attachedByController(s)
 			s.w.remove(rAttachments, "planted-"+nodeName(0))
 			attach(s, nodeName(0))
 			s.checkQuiet()
 		}, ""},
-		{"I8: none once announced to the pod", func(s *Sim) {
+		{"I8: none once announced to the pod", nil, func(s *Sim) {
 			attachedByController(s)
 			(&recorder{s: s}).Event(&v1.ObjectReference{Kind: "Pod", Namespace: ns, Name: "p-1", UID: s.w.get(rPods, ns+"/p-1").GetUID()}, v1.EventTypeNormal,
 				"SuccessfulAttachVolume", `AttachVolume.Attach succeeded for volume "rwo-0" `)
 			s.checkQuiet()
 		}, ""},
-		{"I9: detach while the controller still reads the pods", func(s *Sim) {
+		{"I9: detach while the controller still reads the pods", nil, func(s *Sim) {
 			attach(s, nodeName(0))
 			s.newController()
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I9"},
-		{"I6: handed over with a VolumeAttachment its node status does not list", func(s *Sim) {
+		{"I6: handed over with a VolumeAttachment its node status does not list", nil, func(s *Sim) {
 			attach(s, nodeName(0))
 			s.checkHandedOver()
 		}, "I6"},
-		{"I6: none for a VolumeAttachment a third party created that the controller has not read", func(s *Sim) {
+		{"I6: none for a VolumeAttachment a third party created that the controller has not read", nil, func(s *Sim) {
 			s.thirdPartyVA["planted-"+nodeName(0)] = true
 			attach(s, nodeName(0))
 			s.checkHandedOver()
 		}, ""},
-		{"I6: one a third party created that the controller has read", func(s *Sim) {
+		{"I6: one a third party created that the controller has read", nil, func(s *Sim) {
 			s.thirdPartyVA["planted-"+nodeName(0)] = true
 			attach(s, nodeName(0))
 			for len(s.w.pending[rAttachments]) > 0 {
@@ -260,23 +277,94 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			}
 			s.checkHandedOver()
 		}, "I6"},
-		{"I6: none for a VolumeAttachment whose PV the controller does not have", func(s *Sim) {
+		{"I6: none for a VolumeAttachment whose PV the controller does not have", nil, func(s *Sim) {
 			attach(s, nodeName(0))
 			s.w.remove(rPVs, "rwo-0")
 			s.deliver(rPVs)
 			s.createPV(*s.volumeByPV("rwo-0"))
 			s.checkHandedOver()
 		}, ""},
-		{"I6: handed over with an attach under way", func(s *Sim) {
+		{"I6: handed over with an attach under way", nil, func(s *Sim) {
 			va := attach(s, nodeName(0)).DeepCopy()
 			va.Status.Attached = false
 			s.w.update(rAttachments, va)
 			setNode(s, nodeName(0), listed)
 			s.checkHandedOver()
 		}, "I6"},
+		{"I10: forced detach from a node of its disrupted zone, of two", twoZones, func(s *Sim) {
+			mountedOn(s, nodeName(1))
+			for _, i := range []int{1, 3, 5} {
+				setNode(s, nodeName(i), notReady)
+			}
+			later(s, 2*time.Minute)
+			setNode(s, nodeName(1), func(n *v1.Node) { n.Status.VolumesAttached = nil })
+			_ = s.w.deleteAttachment("planted-"+nodeName(1), metav1.DeleteOptions{})
+		}, "I10"},
+		{"I10: none from a node of a zone not disrupted, the other one disrupted", twoZones, func(s *Sim) {
+			mountedOn(s, nodeName(1))
+			for _, i := range []int{1, 0, 2, 4} {
+				setNode(s, nodeName(i), notReady)
+			}
+			later(s, 2*time.Minute)
+			setNode(s, nodeName(1), func(n *v1.Node) { n.Status.VolumesAttached = nil })
+			_ = s.w.deleteAttachment("planted-"+nodeName(1), metav1.DeleteOptions{})
+		}, ""},
+		{"I10: forced detach from a node deleted before the controller started, its zone disrupted", twoZones, func(s *Sim) {
+			mountedOn(s, nodeName(1))
+			s.deleteNode(s.w.node(nodeName(1)))
+			s.replace()
+			for s.recovery != nil {
+				s.readPods()
+			}
+			for _, i := range []int{3, 5, 7} {
+				setNode(s, nodeName(i), notReady)
+			}
+			later(s, 3*time.Minute)
+			_ = s.w.deleteAttachment("planted-"+nodeName(1), metav1.DeleteOptions{})
+		}, "I10"},
+		{"I4: quiet with a volume attached to a node deleted, its max wait over", nil, func(s *Sim) {
+			mountedOn(s, nodeName(0))
+			s.deleteNode(s.w.node(nodeName(0)))
+			later(s, time.Hour)
+			s.checkQuiet()
+		}, "I4"},
+		{"I4: none for a forced detach held by a zone disrupted by deletions", fourNodes, func(s *Sim) {
+			mountedOn(s, nodeName(0))
+			setNode(s, nodeName(0), notReady)
+			s.deleteNode(s.w.node(nodeName(1)))
+			s.deleteNode(s.w.node(nodeName(2)))
+			later(s, time.Minute)
+			s.checkQuiet()
+		}, ""},
+		{"I4: a forced detach held once the deletions no longer count", fourNodes, func(s *Sim) {
+			mountedOn(s, nodeName(0))
+			setNode(s, nodeName(0), notReady)
+			s.deleteNode(s.w.node(nodeName(1)))
+			s.deleteNode(s.w.node(nodeName(2)))
+			later(s, time.Hour)
+			s.checkQuiet()
+		}, "I4"},
+		{"I4: a forced detach held by a zone of nodes not Ready, none deleted", fourNodes, func(s *Sim) {
+			mountedOn(s, nodeName(0))
+			for _, i := range []int{0, 1, 2} {
+				setNode(s, nodeName(i), notReady)
+			}
+			later(s, time.Minute)
+			s.checkQuiet()
+		}, "I4"},
+		{"I4: quiet with a pod's volume whose VolumeAttachment a third party deleted before the informer showed it", nil, func(s *Sim) {
+			s.createPod("rwo-0", nodeName(0))
+			attach(s, nodeName(0))
+			s.deleteUnseenAttachment()
+			s.checkQuiet()
+		}, "I4"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newSim(1, DefaultConfig())
+			cfg := DefaultConfig()
+			if tc.cfg != nil {
+				tc.cfg(&cfg)
+			}
+			s := newSim(1, cfg)
 			defer s.kill()
 			// The controller has read every pod (I9 holds) unless the
 			// plant starts another.

@@ -109,6 +109,15 @@ type nodeClient struct {
 func (c *nodeClient) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*v1.Node, error) {
 	c.s.yield()
 	n, err := c.NodeInterface.Patch(ctx, name, pt, data, opts, subresources...)
+	if err == nil {
+		// Landed: its answer is on its way (faults.go).
+		c.s.answerOnWay[name]++
+		defer func() {
+			if c.s.answerOnWay[name]--; c.s.answerOnWay[name] <= 0 {
+				delete(c.s.answerOnWay, name)
+			}
+		}()
+	}
 	if err = answered(c.s, err); err != nil {
 		return nil, err
 	}

@@ -3,7 +3,6 @@ package sim
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/rand"
 	"os"
 	"slices"
@@ -29,10 +28,12 @@ type Config struct {
 	// world heals and the run goes on until it is quiet, for at most
 	// QuietSteps steps (I4).
 	Steps, QuietSteps int
-	// Nodes is the number of nodes.
-	Nodes int
-	// Workers is the number of volume workers.
-	Workers int
+	// Nodes is the number of nodes, spread over Zones zones ("a", "b",
+	// "c": node i in zone i mod Zones).
+	Nodes, Zones int
+	// Workers is the number of volume workers, StatusWorkers of node status
+	// writers.
+	Workers, StatusWorkers int
 	// APIFailure is the chance that a write fails before it lands,
 	// APILostAnswer that it lands and its answer is lost.
 	APIFailure, APILostAnswer float64
@@ -44,14 +45,19 @@ type Config struct {
 	// attachers (VolumeAttachments deleted and created, node status
 	// patched, the managed annotation removed for a while).
 	Relist, ThirdParty float64
-	// MaxWaitForUnmount as the controller's flag.
-	MaxWaitForUnmount time.Duration
+	// MaxWaitForUnmount and MaxWaitForUnmountDeletedNode as the
+	// controller's flags (nil: the deleted node waits MaxWaitForUnmount).
+	MaxWaitForUnmount            time.Duration
+	MaxWaitForUnmountDeletedNode *time.Duration
 	// ZoneGuardOff runs the controller without its zone disruption guard
-	// (--disable-zone-disruption-guard): I10 must then find violations.
-	ZoneGuardOff bool
+	// (--disable-zone-disruption-guard): I10 must then find violations,
+	// unless ZoneHoldUnchecked, which counts them instead (a world of the
+	// sweep without the guard).
+	ZoneGuardOff, ZoneHoldUnchecked bool
 	// SyncPeriod as --attach-detach-reconcile-sync-period: how often the
 	// running controller compares its attachments with the
-	// VolumeAttachments (Controller.Resync).
+	// VolumeAttachments (Controller.Resync); zero turns it off, as
+	// --disable-attach-detach-reconcile-sync.
 	SyncPeriod time.Duration
 	// Trace keeps every step's trace line, not only the last ones.
 	Trace bool
@@ -64,13 +70,15 @@ type Config struct {
 func DefaultConfig() Config {
 	// A max wait for unmount shorter than the default lets forced detaches
 	// happen within a run's simulated minutes (the rule is the same).
-	return Config{Steps: 400, QuietSteps: 4000, Nodes: 3, Workers: 3, APIFailure: 0.08, APILostAnswer: 0.04,
+	return Config{Steps: 400, QuietSteps: 4000, Nodes: 3, Zones: 1, Workers: 3, StatusWorkers: 2, APIFailure: 0.08, APILostAnswer: 0.04,
 		Restart: 0.08, Relist: 1.5, ThirdParty: 0.6, MaxWaitForUnmount: 90 * time.Second, SyncPeriod: time.Minute}
 }
 
 // Result is what a run did and found.
 type Result struct {
-	Seed       int64
+	Seed int64
+	// Config is the configuration the seed ran.
+	Config     Config
 	Steps      int
 	Violations []string
 	// Trace is the end of the step trace (all of it with Config.Trace).
@@ -133,9 +141,10 @@ type Sim struct {
 	deletedInUse map[string][]string
 	deletedNodes map[string]bool
 	zone         zoneState
-	// taintSeen and unhealthySeen: when each node last had the
-	// out-of-service taint, and was last not Ready or deleted.
-	taintSeen, unhealthySeen map[string]time.Time
+	// taintSeen, unhealthySeen and deletedSeen: when each node last had
+	// the out-of-service taint, was last not Ready or deleted, and was last
+	// deleted.
+	taintSeen, unhealthySeen, deletedSeen map[string]time.Time
 	// podNode: the node of every pod created, by UID (a pod's name may be
 	// used again, its UID never); unannounced: the VolumeAttachments (their
 	// UIDs) the running controller generation created and has not
@@ -183,6 +192,9 @@ type Sim struct {
 	// readUnmanaged: the node informer delivered the node unmanaged since
 	// the last answer to its status write.
 	readUnmanaged map[string]bool
+	// answerOnWay counts, per node, the status writes that landed and
+	// whose answer has not reached the controller yet.
+	answerOnWay map[string]int
 }
 
 type pair struct{ pv, node string }
@@ -203,7 +215,7 @@ func Run(seed int64, cfg Config) Result {
 		s.quiesce()
 	}
 	s.kill()
-	res := Result{Seed: seed, Steps: s.step, Violations: s.violations, Stats: s.stats, Trace: s.trace}
+	res := Result{Seed: seed, Config: cfg, Steps: s.step, Violations: s.violations, Stats: s.stats, Trace: s.trace}
 	if !cfg.Trace && len(res.Trace) > 300 {
 		res.Trace = res.Trace[len(res.Trace)-300:]
 	}
@@ -217,10 +229,11 @@ func newSim(seed int64, cfg Config) *Sim {
 		clock:   clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
 		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
 		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]time.Time{}, podNode: map[string]string{}, unannounced: map[pair]types.UID{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
-		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{}, zone: zoneState{deletedAt: map[string]time.Time{}},
-		thirdPartyListed: map[string]map[string]bool{}, thirdPartyRemoved: map[string]map[string]bool{}, flapped: map[string]bool{}, selfAttach: map[string]time.Time{}, kubeletVA: map[string]map[string]bool{}, selfMounted: map[string]map[string]bool{}, thirdPartyVA: map[string]bool{}, explained: map[cache.Key]string{}, failingUntil: map[types.UID]time.Time{}, answeredManaged: map[string]bool{}, readUnmanaged: map[string]bool{},
+		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{}, deletedSeen: map[string]time.Time{}, zone: zoneState{deletedAt: map[string]time.Time{}, deletedGen: map[string]int{}, disruptedSince: map[string]time.Time{}},
+		thirdPartyListed: map[string]map[string]bool{}, thirdPartyRemoved: map[string]map[string]bool{}, flapped: map[string]bool{}, selfAttach: map[string]time.Time{}, kubeletVA: map[string]map[string]bool{}, selfMounted: map[string]map[string]bool{}, thirdPartyVA: map[string]bool{}, explained: map[cache.Key]string{}, failingUntil: map[types.UID]time.Time{}, answeredManaged: map[string]bool{}, readUnmanaged: map[string]bool{}, answerOnWay: map[string]int{},
 	}
 	s.ctx = s.logContext()
+	s.tracef("configuration: %s", cfg)
 	s.w = newWorld(s)
 	s.setup()
 	s.newController()
@@ -257,7 +270,7 @@ func (s *Sim) newController() {
 	}
 	s.queues = nil
 	s.workers = map[string]int{controller.QueuePods: 2, controller.QueueNodes: 2, controller.QueueVolumeAttachments: 2,
-		controller.QueueVolumes: s.cfg.Workers, controller.QueueNodeStatus: 2}
+		controller.QueueVolumes: s.cfg.Workers, controller.QueueNodeStatus: s.cfg.StatusWorkers}
 	c, err := controller.New(controller.Config{
 		Client:        newClient(s),
 		Recorder:      &recorder{s: s},
@@ -265,7 +278,8 @@ func (s *Sim) newController() {
 		Reconciler:    s.reconcilerConfig(),
 		InTree:        intree.NewRegistry(&iscsiPlugin{s: s}),
 		Workers:       s.cfg.Workers,
-		StatusWorkers: 2,
+		StatusWorkers: s.cfg.StatusWorkers,
+		SyncPeriod:    s.cfg.SyncPeriod,
 		// As the command runs it: a write that only adds volumes waits
 		// for the node's other attaches under way.
 		StatusHold: time.Second,
@@ -333,8 +347,11 @@ func (s *Sim) readPods() {
 	s.recovered = s.recovery.Finish(s.ctx)
 	s.sortRecovered()
 	s.recovery = nil
-	// Run starts its periodic sync now, and runs it at once.
-	s.resyncAt = s.clock.Now()
+	// Run starts its periodic sync now, and runs it at once; not at all
+	// when it is off.
+	if s.cfg.SyncPeriod > 0 {
+		s.resyncAt = s.clock.Now()
+	}
 	s.workers[controller.QueuePods] = 2
 	s.tracef("every pod read, %d recovered volume keys to queue", len(s.recovered))
 }
@@ -430,9 +447,15 @@ func (s *Sim) checkHandoff() {
 func (s *Sim) replace() {
 	s.handoffUntil = 0
 	s.kill()
-	// The iSCSI attacher only records: its record is the node's
-	// volumesAttached. An attachment withdrawn from it is known to no one
-	// once the controller's memory is gone (as with upstream).
+	s.forgetInTree()
+	s.newController()
+}
+
+// forgetInTree drops the in-tree attachments no one knows of once the
+// controller's memory is gone: the iSCSI attacher only records, and its
+// record is the node's volumesAttached; an attachment withdrawn from it is
+// known to no one then (as with upstream).
+func (s *Sim) forgetInTree() {
 	for node, names := range s.intree {
 		n := s.w.node(node)
 		for name := range names {
@@ -442,7 +465,6 @@ func (s *Sim) replace() {
 			}
 		}
 	}
-	s.newController()
 }
 
 type choice struct {
@@ -506,6 +528,10 @@ func (s *Sim) act(chaos bool) (progress bool) {
 			add(0.005, "end partition", s.endPartition)
 		}
 		add(s.cfg.Restart, "restart", s.restart)
+		add(s.cfg.Restart, "outage", s.outage)
+		if len(s.answerOnWay) > 0 && len(s.w.list(rNodes)) > 1 && len(s.answersOnTheirWay()) > 0 {
+			add(0.15, "node deleted under a status answer", s.deleteNodeUnderAnswer)
+		}
 		if s.handoffUntil == 0 {
 			add(s.cfg.Restart, "graceful stop", s.gracefulStop)
 		}
@@ -515,6 +541,9 @@ func (s *Sim) act(chaos bool) (progress bool) {
 			add(s.cfg.ThirdParty, "third party", s.thirdParty)
 			if len(s.stuck()) > 0 {
 				add(s.cfg.ThirdParty, "third party: unstick", s.unstick)
+			}
+			if len(s.unseenAttachments()) > 0 {
+				add(s.cfg.ThirdParty/2, "third party: delete unseen", s.deleteUnseenAttachment)
 			}
 		}
 		if len(s.flapped) > 0 {
@@ -601,6 +630,11 @@ func (s *Sim) relist() {
 	if len(behind) > 0 && s.chance(0.5) {
 		r = behind[s.rng.Intn(len(behind))]
 	}
+	s.relistOf(r)
+}
+
+// relistOf breaks the watch of the informer of r: it lists again.
+func (s *Sim) relistOf(r string) {
 	s.stats["fault: informer relist"]++
 	lost := len(s.w.pending[r])
 	st := s.inf[r].relist(s.w, r)
@@ -666,62 +700,6 @@ func (s *Sim) advance(d time.Duration) {
 		q.fire(s.clock.Now())
 	}
 	s.tracef("time +%s", d)
-}
-
-// quiesce heals the world (faults off, no new workload, deleted pods gone,
-// claims and CSINodes back) and runs until nothing is left to do: then the
-// world and the controller must agree (I4, I5).
-//
-// A handoff under way goes on with no step limit (and on half the seeds one
-// starts as the faults stop, with whatever is in flight): once nothing is
-// left to do, it must be done.
-func (s *Sim) quiesce() {
-	s.faults = false
-	s.heal()
-	if s.handoffUntil == 0 && s.chance(0.5) {
-		s.gracefulStop()
-	}
-	if s.handoffUntil > 0 {
-		s.handoffUntil = math.MaxInt
-	}
-	quiet := false
-	for i := 0; i < s.cfg.QuietSteps && len(s.violations) == 0; i++ {
-		s.step++
-		if !s.act(false) {
-			if s.handoffUntil == 0 {
-				quiet = true
-				break
-			}
-			n, sample := s.ctrl.HandedOver()
-			if n > 0 {
-				s.violate("I4", "quiet, and the handoff is not done: %d unsettled %v", n, sample)
-				return
-			}
-		}
-		s.checkEveryStep()
-		s.checkHandoff()
-	}
-	if len(s.violations) > 0 {
-		return
-	}
-	if !quiet {
-		s.violate("I4", "not quiet after %d steps with no fault and no new work: %s", s.cfg.QuietSteps, s.busy())
-		return
-	}
-	s.checkQuiet()
-}
-
-func (s *Sim) busy() string {
-	var out []string
-	for _, q := range s.queues {
-		if !q.idle() {
-			out = append(out, fmt.Sprintf("queue %s: %v", q.queueName(), q.readyNames()))
-		}
-	}
-	for _, t := range s.paused {
-		out = append(out, "task "+t.desc)
-	}
-	return strings.Join(out, "; ")
 }
 
 // recorder keeps the controller's events in the trace.
