@@ -43,6 +43,10 @@ type zoneEntry struct {
 	recovered time.Time
 	// announced is the state the controller last announced (AnnounceZones).
 	announced bool
+	// looked is the time of the latest look recorded: a look that read the
+	// clock before it (another worker's, slower to take the lock) records
+	// nothing, lest it undo a recovery seen since.
+	looked time.Time
 }
 
 // ZoneRule says how long a deletion counts in its zone and when a zone is
@@ -163,6 +167,11 @@ func (a *ActualState) observeLocked(zone string, now time.Time, rule ZoneRule) Z
 	if z == nil {
 		z = a.zoneLocked(zone)
 	}
+	if now.Before(z.looked) {
+		h.Recovered = z.recovered
+		return h
+	}
+	z.looked = now
 	if z.disrupted && !h.Disrupted {
 		z.recovered = now
 	}
@@ -216,13 +225,17 @@ type ZoneChange struct {
 	// may go, or must now be held (all of them for UnknownZone, whose
 	// nodes may be in any zone, and the other way round).
 	Keys []Key
+	// Node is one of the zone's nodes, the first by name: one that exists,
+	// else one deleted; "" if none is known.
+	Node string
 }
 
 // AnnounceZones looks at every zone at now under rule and returns those
 // whose state changed since the last announcement, marked announced: each
 // change is returned once, whoever asks. It also returns how many zones are
-// disrupted.
-func (a *ActualState) AnnounceZones(now time.Time, rule ZoneRule) (changes []ZoneChange, disrupted int) {
+// disrupted, and when the first deletion counted stops counting (zero:
+// none is), when the zones must be looked at again.
+func (a *ActualState) AnnounceZones(now time.Time, rule ZoneRule) (changes []ZoneChange, disrupted int, next time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, name := range a.zoneNamesLocked() {
@@ -230,6 +243,9 @@ func (a *ActualState) AnnounceZones(now time.Time, rule ZoneRule) (changes []Zon
 		z := a.zones[name]
 		if h.Disrupted {
 			disrupted++
+		}
+		if !h.Expires.IsZero() && (next.IsZero() || h.Expires.Before(next)) {
+			next = h.Expires
 		}
 		if z.announced == h.Disrupted {
 			a.gcZoneLocked(name)
@@ -241,8 +257,35 @@ func (a *ActualState) AnnounceZones(now time.Time, rule ZoneRule) (changes []Zon
 	}
 	for i := range changes {
 		changes[i].Keys = a.keysInZoneLocked(changes[i].Zone)
+		changes[i].Node = a.nodeInZoneLocked(changes[i].Zone)
 	}
-	return changes, disrupted
+	return changes, disrupted, next
+}
+
+// nodeInZoneLocked returns the first node by name of zone that exists, else
+// of those deleted it remembers.
+func (a *ActualState) nodeInZoneLocked(zone string) string {
+	first := func(names []string) string {
+		if len(names) == 0 {
+			return ""
+		}
+		return slices.Min(names)
+	}
+	var names []string
+	for name, n := range a.nodes {
+		if n.info.Exists && n.info.Zone == zone {
+			names = append(names, name)
+		}
+	}
+	if name := first(names); name != "" {
+		return name
+	}
+	if z := a.zones[zone]; z != nil {
+		for name := range z.deleted {
+			names = append(names, name)
+		}
+	}
+	return first(names)
 }
 
 // keysInZoneLocked returns the key of every attachment on a node of zone,

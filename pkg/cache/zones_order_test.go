@@ -21,7 +21,7 @@ func TestZoneLookAtAnEarlierTimeDoesNotUndoARecovery(t *testing.T) {
 		a.SetNode(n, NodeInfo{Zone: "a", Ready: true, Managed: true})
 		a.DeleteNode(n, true, t0)
 	}
-	if changes, _ := a.AnnounceZones(t0, rule); len(changes) != 1 || !changes[0].Disrupted {
+	if changes, _, _ := a.AnnounceZones(t0, rule); len(changes) != 1 || !changes[0].Disrupted {
 		t.Fatalf("announced %+v, want zone a disrupted", changes)
 	}
 	recovered := t0.Add(wait)

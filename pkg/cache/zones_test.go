@@ -121,11 +121,11 @@ func TestZoneRecoveryIsRecordedByTheLookThatSeesIt(t *testing.T) {
 		a.SetNode(n, NodeInfo{Zone: "a", Ready: false, Managed: true, ResourceVersion: "2"})
 		a.DeleteNode(n, true, t0)
 	}
-	changes, n := a.AnnounceZones(t0, rule)
+	changes, n, _ := a.AnnounceZones(t0, rule)
 	if n != 1 || len(changes) != 1 || !changes[0].Disrupted || !slices.Equal(changes[0].Keys, []Key{{Volume: volA, Node: "a0"}}) {
 		t.Fatalf("announced %+v (%d disrupted), want zone a disrupted with a0's key", changes, n)
 	}
-	if changes, _ := a.AnnounceZones(t0, rule); len(changes) != 0 {
+	if changes, _, _ := a.AnnounceZones(t0, rule); len(changes) != 0 {
 		t.Errorf("announced again: %+v", changes)
 	}
 	// A decision at the deletions' expiry, before any announcement, sees
@@ -134,7 +134,7 @@ func TestZoneRecoveryIsRecordedByTheLookThatSeesIt(t *testing.T) {
 	if h := a.Zone("a", at, rule); h.Disrupted || !h.Recovered.Equal(at) {
 		t.Errorf("zone at expiry: %+v, want recovered at %v", h, at)
 	}
-	changes, n = a.AnnounceZones(at.Add(time.Second), rule)
+	changes, n, _ = a.AnnounceZones(at.Add(time.Second), rule)
 	if n != 0 || len(changes) != 1 || changes[0].Disrupted || !changes[0].Recovered.Equal(at) {
 		t.Errorf("announced %+v (%d disrupted), want zone a recovered at %v", changes, n, at)
 	}
@@ -159,7 +159,7 @@ func TestZoneLooksAtOnce(t *testing.T) {
 		}
 		wg.Wait()
 		// 4 of 10 not ready: not disrupted; then 6.
-		if changes, n := a.AnnounceZones(t0, rule); n != 0 || len(changes) != 0 {
+		if changes, n, _ := a.AnnounceZones(t0, rule); n != 0 || len(changes) != 0 {
 			t.Fatalf("round %d: 4 of 10 not ready: %+v, %d disrupted", round, changes, n)
 		}
 		for i := 4; i < 6; i++ {
@@ -172,7 +172,7 @@ func TestZoneLooksAtOnce(t *testing.T) {
 		if h := a.Zone("a", t0, rule); !h.Disrupted {
 			t.Fatalf("round %d: 6 of 10 not ready: %+v, want disrupted", round, h)
 		}
-		if changes, n := a.AnnounceZones(t0, rule); n != 1 || len(changes) != 0 {
+		if changes, n, _ := a.AnnounceZones(t0, rule); n != 1 || len(changes) != 0 {
 			t.Fatalf("round %d: %+v, %d disrupted: want the disruption announced once already", round, changes, n)
 		}
 	}

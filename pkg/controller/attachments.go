@@ -139,11 +139,6 @@ func (c *Controller) syncAttachment(ctx context.Context, name string) error {
 	if changed {
 		c.touch(k)
 	}
-	if n, _ := c.actual.Node(k.Node); n.Unread() {
-		// A node not read yet: its sync says whether it exists (nodeGone),
-		// and its keys wait until then.
-		c.nodeQueue.Add(k.Node)
-	}
 	return nil
 }
 

@@ -21,6 +21,9 @@ const outOfServiceTaint = "node.kubernetes.io/out-of-service"
 func (c *Controller) syncNode(ctx context.Context, name string) error {
 	// Whatever this sync records, the zones are looked at again (zones.go).
 	defer c.checkZones(ctx, name)
+	if name == zonesKey {
+		return nil
+	}
 	node, err := c.nodes.Get(name)
 	if err == nil && c.actual.Stale(name, string(node.UID), node.ResourceVersion) {
 		// Older than the answer of the controller's own status write, or
@@ -61,10 +64,8 @@ func (c *Controller) nodeGone(ctx context.Context, name string, last *v1.Node) e
 	if !ok || n.Deleted {
 		if last != nil {
 			// A status write found it gone: its last state may say
-			// that a volume is not mounted after all; and its deletion
-			// stops counting in its zone after the max wait.
+			// that a volume is not mounted after all.
 			c.touch(c.actual.KeysOn(name)...)
-			c.recheckZonesAfterDeletion(name, n.Managed)
 		}
 		return nil
 	}
@@ -75,6 +76,10 @@ func (c *Controller) nodeGone(ctx context.Context, name string, last *v1.Node) e
 			klog.FromContext(ctx).V(2).Info("Node named by a VolumeAttachment exists but is not in the informer yet")
 			c.nodeQueue.AddAfter(name, unreadNodeRecheck)
 			return nil
+		case apierrors.IsForbidden(err):
+			// A role without get on nodes (an older ClusterRole): the
+			// synced informer's word is taken, as before it was asked.
+			klog.FromContext(ctx).Error(err, "Can't ask the API whether a node a VolumeAttachment names is gone: taking it as deleted, as the informer says; grant get on nodes (manifests/base/clusterrole.yaml)")
 		case !apierrors.IsNotFound(err):
 			return fmt.Errorf("get node %s: %w", name, err)
 		}
@@ -83,17 +88,7 @@ func (c *Controller) nodeGone(ctx context.Context, name string, last *v1.Node) e
 	// read), what it had mounted is unknown.
 	c.touch(c.actual.DeleteNode(name, last != nil, c.clock.Now())...)
 	c.countNode(name)
-	c.recheckZonesAfterDeletion(name, n.Exists && n.Managed || n.Unread())
 	return nil
-}
-
-// recheckZonesAfterDeletion queues the sync of a deleted managed node for
-// when its deletion stops counting in its zone's health: it then looks at
-// the zones again (checkZones), whether or not the node is still on record.
-func (c *Controller) recheckZonesAfterDeletion(name string, managed bool) {
-	if wait := c.cfg.Reconciler.DeletedNodeWait(); managed && wait > 0 {
-		c.nodeQueue.AddAfter(name, wait+time.Second)
-	}
 }
 
 // unreadNodeRecheck is how long after the API said that a node named by a

@@ -48,9 +48,22 @@ func (c *Controller) Process(ctx context.Context, queue string) bool {
 	case QueueNodeStatus:
 		return process(ctx, c.statusQueue, keyKV("node"), c.syncNodeStatus, &c.observing)
 	case QueueVolumes:
-		return process(ctx, c.volumeQueue, volumeKV, c.syncVolumeKey, nil)
+		return process(ctx, c.volumeQueue, volumeKV, c.syncKey, nil)
 	}
 	panic("unknown queue " + queue)
+}
+
+// syncKey syncs one volume key (the reconciler, or in shadow mode the
+// comparison), and queues the read of its node when no sync has read it
+// yet: a key there waits for that read (the reconciler's "not read yet"),
+// whatever made its attachment (a VolumeAttachment, or an attach that
+// raced the node's deletion).
+func (c *Controller) syncKey(ctx context.Context, k cache.Key) error {
+	err := c.syncVolumeKey(ctx, k)
+	if n, ok := c.actual.Node(k.Node); ok && n.Unread() {
+		c.nodeQueue.Add(k.Node)
+	}
+	return err
 }
 
 func volumeKV(k cache.Key) []any { return []any{"volume", k.Volume, "node", k.Node} }
