@@ -213,7 +213,7 @@ type Controller struct {
 	syncNodeStatus func(context.Context, string) error
 	// statusDiffers is called when a Node's status.volumesAttached differs
 	// from what the actual state says is reported.
-	statusDiffers func(ctx context.Context, node string, listed []v1.AttachedVolume)
+	statusDiffers func(ctx context.Context, node *v1.Node)
 
 	// problems remembers the last warning posted per pod volume, so a pod
 	// re-synced many times is told once.

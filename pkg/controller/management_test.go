@@ -222,7 +222,7 @@ func TestManagementBackInAStatusAnswerWakesWantedVolumesNotAttached(t *testing.T
 	// Someone else writes the node's status; the controller's next write
 	// answers managed.
 	answers(resourceVersion("30"))
-	f.c.status.Observe("node-1", nil)
+	f.c.status.Observe("node-1", nil, "")
 	f.c.statusQueue.Add("node-1")
 	f.drain()
 	must(t, f.c.syncNode(f.ctx, "node-1"))

@@ -43,7 +43,7 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	}
 	c.touch(c.setNode(ctx, name, NodeInfo(node), false)...)
 	if !c.status.Lists(name, node.Status.VolumesAttached) {
-		c.statusDiffers(ctx, name, node.Status.VolumesAttached)
+		c.statusDiffers(ctx, node)
 	}
 	return nil
 }
@@ -198,8 +198,8 @@ func NodeInfo(node *v1.Node) cache.NodeInfo {
 // rewriteStatus is statusDiffers outside shadow mode: node.status lists
 // other volumes than the controller wrote (someone else wrote it, or the
 // object predates the controller's last write), so it is written again.
-func (c *Controller) rewriteStatus(ctx context.Context, name string, listed []v1.AttachedVolume) {
-	klog.FromContext(ctx).V(2).Info("Node status lists other attached volumes than written; rewriting it")
-	c.status.Observe(name, listed)
-	c.statusQueue.Add(name)
+func (c *Controller) rewriteStatus(ctx context.Context, node *v1.Node) {
+	klog.FromContext(ctx).V(2).Info("Node status lists other attached volumes than written, or a write is under way; comparing once it ends")
+	c.status.Observe(node.Name, node.Status.VolumesAttached, node.ResourceVersion)
+	c.statusQueue.Add(node.Name)
 }

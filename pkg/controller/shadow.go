@@ -56,8 +56,8 @@ func (c *Controller) syncShadow(ctx context.Context, k cache.Key) error {
 
 // queueMirror is statusDiffers in shadow mode: node.status, as the other
 // controller wrote it, is read into the actual state (mirrorStatus).
-func (c *Controller) queueMirror(_ context.Context, name string, _ []v1.AttachedVolume) {
-	c.statusQueue.Add(name)
+func (c *Controller) queueMirror(_ context.Context, node *v1.Node) {
+	c.statusQueue.Add(node.Name)
 }
 
 // mirrorStatus records a node's status.volumesAttached, as the other

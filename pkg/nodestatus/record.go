@@ -1,6 +1,7 @@
 package nodestatus
 
 import (
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"slices"
 	"strings"
 	"sync"
@@ -51,9 +52,11 @@ type report struct {
 	// another Node object read since, one created again (NodeGone).
 	writeUID string
 	// observed is what the status was seen to list while a write was in
-	// flight (Observe), taken into account when the write ends: it may be
-	// newer than the write.
-	observed []v1.AttachedVolume
+	// flight (Observe), taken into account when the write ends unless it
+	// is older than the write's answer; observedVersion is the
+	// resourceVersion of the Node object it was seen in.
+	observed        []v1.AttachedVolume
+	observedVersion string
 }
 
 // NewRecord returns an empty record of the node statuses of actual's nodes.
@@ -125,7 +128,7 @@ func (r *Record) End(node string, written []v1.AttachedVolume, ok bool) []cache.
 	if r.nodes[node] == nil {
 		return nil
 	}
-	return r.endLocked(node, written, ok)
+	return r.endLocked(node, written, ok, "")
 }
 
 // EndOn is End of a write that landed on the Node object with the given UID
@@ -135,7 +138,10 @@ func (r *Record) End(node string, written []v1.AttachedVolume, ok bool) []cache.
 // failed, to be written again, and landed is false. Compared under the
 // record's lock: an Observe of the new object in between would otherwise
 // be overwritten by this answer.
-func (r *Record) EndOn(node, uid string, written []v1.AttachedVolume) (keys []cache.Key, landed bool) {
+//
+// version is the resourceVersion of the answer: what was observed in an
+// older object during the write says nothing after it.
+func (r *Record) EndOn(node, uid, version string, written []v1.AttachedVolume) (keys []cache.Key, landed bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.nodes[node] == nil {
@@ -143,10 +149,10 @@ func (r *Record) EndOn(node, uid string, written []v1.AttachedVolume) (keys []ca
 	}
 	info, _ := r.actual.Node(node)
 	landed = info.UID == uid
-	return r.endLocked(node, written, landed), landed
+	return r.endLocked(node, written, landed, version), landed
 }
 
-func (r *Record) endLocked(node string, written []v1.AttachedVolume, ok bool) []cache.Key {
+func (r *Record) endLocked(node string, written []v1.AttachedVolume, ok bool, version string) []cache.Key {
 	n := r.nodes[node]
 	n.writing = false
 	n.dirty = !ok
@@ -169,8 +175,10 @@ func (r *Record) endLocked(node string, written []v1.AttachedVolume, ok bool) []
 		}
 	}
 	if seen := n.observed; seen != nil {
-		n.observed = nil
-		r.observeLocked(node, n, seen)
+		if !older(n.observedVersion, version) {
+			r.observeLocked(node, n, seen)
+		}
+		n.observed, n.observedVersion = nil, ""
 	}
 	r.gcLocked(node)
 	return keys
@@ -236,10 +244,16 @@ func (r *Record) IsListed(k cache.Key) bool {
 
 // Lists reports whether seen, node.status.volumesAttached as a Node object
 // holds it, is what the record says the status lists (Observe otherwise).
+//
+// While a write is in flight it says no: what the record lists then is
+// what the status listed before the write, and an object that lists the
+// same may be someone else's write after it landed (taking out what it
+// added), which the write's end must compare with what it wrote (Observe).
 func (r *Record) Lists(node string, seen []v1.AttachedVolume) bool {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	return sameList(seen, r.nodes[node])
+	n := r.nodes[node]
+	return (n == nil || !n.writing) && sameList(seen, n)
 }
 
 // sameList compares seen, in any order, with what n lists.
@@ -282,9 +296,11 @@ func sortList(l []v1.AttachedVolume) {
 // the object may predate a write that listed it, and only a confirmed write
 // of the controller's own takes it out.
 //
-// Seen while a write of the node's status is in flight, it is taken into
-// account when that write ends: someone may have written after it landed.
-func (r *Record) Observe(node string, seen []v1.AttachedVolume) {
+// Seen while a write of the node's status is in flight, in the Node
+// object of resourceVersion version, it is taken into account when that
+// write ends, unless the write's answer is newer: someone may have written
+// after it landed.
+func (r *Record) Observe(node string, seen []v1.AttachedVolume, version string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := r.nodeLocked(node)
@@ -293,6 +309,7 @@ func (r *Record) Observe(node string, seen []v1.AttachedVolume) {
 		if n.observed == nil {
 			n.observed = []v1.AttachedVolume{}
 		}
+		n.observedVersion = version
 		return
 	}
 	r.observeLocked(node, n, seen)
@@ -448,4 +465,11 @@ func (r *Record) Adds(node string) bool {
 	defer r.mu.RUnlock()
 	n := r.nodes[node]
 	return r.actual.ReportsAny(node, func(v volume.Name) bool { return n == nil || !n.lists(v) })
+}
+
+// older reports whether resource version a is older than b (both of one
+// Node); unknown or malformed versions are never older.
+func older(a, b string) bool {
+	c, err := resourceversion.CompareResourceVersion(a, b)
+	return err == nil && c < 0
 }

@@ -249,7 +249,7 @@ func TestRecordReport(t *testing.T) {
 						t.Errorf("step %d: End keys = %v, want %v", i, keys, s.wantKeys)
 					}
 				case s.observe != nil:
-					r.Observe("n1", s.observe)
+					r.Observe("n1", s.observe, "")
 				case s.update != nil:
 					a.Update(*s.update, false, func(at *cache.Attachment) { at.Withdrawn = true })
 				case s.attach != nil:
@@ -402,7 +402,7 @@ func TestEndOnAReplacedNode(t *testing.T) {
 		t.Fatal("no write of the attached volume")
 	}
 	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, ResourceVersion: "20", UID: "new"})
-	if _, landed := r.EndOn("n1", "old", written); landed {
+	if _, landed := r.EndOn("n1", "old", "", written); landed {
 		t.Error("EndOn of the replaced object: landed, want not")
 	}
 	if !r.IsListed(k(volA, "n1")) {
@@ -412,7 +412,7 @@ func TestEndOnAReplacedNode(t *testing.T) {
 	if !changed {
 		t.Fatal("no write again after a write that counted as failed")
 	}
-	if _, landed := r.EndOn("n1", "new", written); !landed {
+	if _, landed := r.EndOn("n1", "new", "", written); !landed {
 		t.Error("EndOn of the object known: not landed")
 	}
 	if _, changed := r.Begin("n1"); changed {
@@ -531,5 +531,42 @@ func TestLists(t *testing.T) {
 	}
 	if !r.Lists("n2", nil) {
 		t.Error("a node with nothing on record: an empty list is what it lists")
+	}
+}
+
+// Someone takes a volume out of node status right after the controller's
+// write that lists it landed, before its answer is read: the informer's
+// copy then lists what the record listed before the write, yet it is newer
+// than the write. While a write is in flight Lists says no, so the object
+// is observed; at the write's end, an observation older than the answer is
+// dropped (no extra write), a newer one makes the status written again.
+func TestStatusChangedDuringAWriteIsWrittenAgain(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		version   string // of the object observed during the write
+		wantDirty bool
+	}{
+		{name: "an older object: what the write replaced", version: "5", wantDirty: false},
+		{name: "a newer object: someone wrote after the write landed", version: "7", wantDirty: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := cache.NewActualState()
+			r := NewRecord(a)
+			a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, UID: "u1", ResourceVersion: "4"})
+			a.Update(k(volA, "n1"), true, func(at *cache.Attachment) { at.State = cache.Attached })
+			want, changed := r.Begin("n1")
+			if !changed || len(want) != 1 {
+				t.Fatalf("Begin = %v, %v; want a write of the attached volume", want, changed)
+			}
+			if r.Lists("n1", nil) {
+				t.Error("Lists(nothing) while a write is in flight = true: the object may be newer than the write")
+			}
+			r.Observe("n1", nil, tc.version)
+			r.EndOn("n1", "u1", "6", want)
+			_, again := r.Begin("n1")
+			if again != tc.wantDirty {
+				t.Errorf("after the write's end, another write: %v, want %v", again, tc.wantDirty)
+			}
+		})
 	}
 }

@@ -82,7 +82,7 @@ func (w *Writer) write(ctx context.Context, node string) ([]cache.Key, error) {
 	// The node's facts as of the write first: a withdrawn volume's detach
 	// must see a mount reported before the write.
 	keys := w.setNode(ctx, written)
-	ended, landed := w.record.EndOn(node, string(written.UID), want)
+	ended, landed := w.record.EndOn(node, string(written.UID), written.ResourceVersion, want)
 	keys = append(keys, ended...)
 	if !landed {
 		// The Node it landed on was deleted and created again under its
