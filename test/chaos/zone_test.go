@@ -127,12 +127,15 @@ func (h *harness) zoneRestart() {
 	for _, n := range notReady {
 		h.setReady(n, false)
 	}
+	// Those stuck terminating too: no kubelet there finishes them.
+	all, err := h.client.CoreV1().Pods(h.ns).List(h.ctx, metav1.ListOptions{})
+	if err != nil {
+		h.t.Fatalf("list pods: %v", err)
+	}
 	zero := int64(0)
-	for _, ps := range h.pods() {
-		for _, p := range ps {
-			if slices.Contains(z.nodes, p.Spec.NodeName) {
-				h.deletePod(p.Name, &zero)
-			}
+	for _, p := range all.Items {
+		if slices.Contains(z.nodes, p.Spec.NodeName) {
+			h.deletePod(p.Name, &zero)
 		}
 	}
 	due := h.mountedIn(z.nodes)
@@ -167,18 +170,18 @@ func (h *harness) mountOnEach(nodes []string) {
 		v    chaosVolume
 		node string
 	}
+	var rwx []chaosVolume
+	for _, v := range h.volumes {
+		if v.rwx {
+			rwx = append(rwx, v)
+		}
+	}
 	var started []start
 	for _, n := range nodes {
 		if slices.ContainsFunc(h.volumes, func(v chaosVolume) bool {
 			return slices.ContainsFunc(pods[v.claim], func(p *v1.Pod) bool { return p.Spec.NodeName == n }) && h.mounted(v, n) != nil
 		}) {
 			continue
-		}
-		var rwx []chaosVolume
-		for _, v := range h.volumes {
-			if v.rwx {
-				rwx = append(rwx, v)
-			}
 		}
 		v := rwx[h.rng.Intn(len(rwx))]
 		pod := h.createPod(v.claim, n)
