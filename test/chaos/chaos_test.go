@@ -27,7 +27,6 @@ import (
 )
 
 const (
-	nodes = 4
 	// convergeTimeout bounds the time to converge after each fault.
 	convergeTimeout = 2 * time.Minute
 	awsEBSPlugin    = "kubernetes.io/aws-ebs"
@@ -45,7 +44,7 @@ const (
 )
 
 var faultKinds = []string{faultKillLeader, faultKillStandby, faultAPIServer, faultNotReady, faultOutOfService, faultCutOver,
-	faultDeleteInUse, faultDeleteWaited, faultDeleteFailing, faultStatusEntry, faultCompacted, faultWatchesCut, faultNone}
+	faultDeleteInUse, faultDeleteWaited, faultDeleteFailing, faultStatusEntry, faultCompacted, faultWatchesCut, faultZoneRestart, faultNone}
 
 // kubeControllerManager returns the kube-controller-manager binary the
 // Makefile builds (make tools), or "".
@@ -71,19 +70,22 @@ func kubeControllerManager() string {
 // the standby of two replicas killed, kube-apiserver restarted, nodes
 // NotReady or out-of-service, a cut-over to kube-controller-manager, third
 // parties deleting VolumeAttachments or editing volumesAttached, watches
-// that cannot resume and list again), with every VolumeAttachment and Node
-// the API server records checked against I1-I3 and, after each fault, the
+// that cannot resume and list again, a restart while a zone is cut off with
+// nodes deleted before it), with every VolumeAttachment and Node the API
+// server records checked against I1-I3 and I10 and, after each fault, the
 // cluster converging within convergeTimeout (I4: every pod's volumes
 // attached and reported, nothing else attached or reported).
 //
-// The kinds of fault come in shuffled cycles, the slow ones first, so that
-// a short run sees as many kinds as it has rounds and ends soon after its
-// duration.
+// The kinds of fault come in shuffled cycles, the slow ones first (the zone
+// fault leads the first cycle), so that a short run sees as many kinds as
+// it has rounds and ends soon after its duration.
 //
 // CHAOS_DURATION (default 90s) is the length of the run; CHAOS_SEED replays
 // the schedule of churn and faults (timing still varies); CHAOS_FAULTS
 // (e.g. "cut-over,SIGKILL of the leader") limits the faults to the kinds
-// starting with those words. The logs and the timeline are kept in
+// starting with those words; CHAOS_CONTROLLER_FLAGS adds flags to the
+// replicas (e.g. --disable-zone-disruption-guard: the zone fault must then
+// fail the run). The logs and the timeline are kept in
 // _output/chaos/<seed> when the run fails, or with CHAOS_KEEP_LOGS=1.
 func TestChaos(t *testing.T) {
 	duration := 90 * time.Second
@@ -120,7 +122,7 @@ func TestChaos(t *testing.T) {
 	for round := 1; time.Now().Before(deadline); round++ {
 		h.churn()
 		if len(cycle) == 0 {
-			cycle = h.cycle(kinds)
+			cycle = h.cycle(kinds, round == 1)
 		}
 		next := 0
 		if time.Until(deadline) < slowRound {
@@ -140,6 +142,7 @@ func TestChaos(t *testing.T) {
 	violations, unjudged := h.checker.Judge()
 	h.summary(t, violations, unjudged)
 	h.checkRelists()
+	h.checkZoneHolds()
 	if len(violations) > 0 {
 		for _, v := range violations {
 			t.Error(v)
@@ -154,14 +157,18 @@ func TestChaos(t *testing.T) {
 
 // slowFaults are the kinds whose rounds take longest: kube-controller-manager
 // runs for 10 s or more; after a compaction the external-attacher's
-// informers list again only after their backoff, up to a minute. They are
-// not started when less than slowRound of the run is left.
-var slowFaults = []string{faultCompacted, faultCutOver}
+// informers list again only after their backoff, up to a minute; a zone
+// stays disrupted for the max wait for unmount and more. They are not
+// started when less than slowRound of the run is left.
+var slowFaults = []string{faultCompacted, faultCutOver, faultZoneRestart}
 
 const slowRound = 45 * time.Second
 
-// cycle returns kinds shuffled, the slow ones first.
-func (h *harness) cycle(kinds []string) []string {
+// cycle returns kinds shuffled, the slow ones first. The first cycle of a
+// run starts with the zone fault: its round, the max wait for unmount and
+// a restart, fits in a run of a minute (make test-chaos), which then
+// defers the other slow ones to its end.
+func (h *harness) cycle(kinds []string, first bool) []string {
 	var slow, fast []string
 	for _, i := range h.rng.Perm(len(kinds)) {
 		if slices.Contains(slowFaults, kinds[i]) {
@@ -169,6 +176,9 @@ func (h *harness) cycle(kinds []string) []string {
 		} else {
 			fast = append(fast, kinds[i])
 		}
+	}
+	if i := slices.Index(slow, faultZoneRestart); first && i > 0 {
+		slow = append([]string{faultZoneRestart}, slices.Delete(slow, i, i+1)...)
 	}
 	return append(slow, fast...)
 }
@@ -189,6 +199,7 @@ type harness struct {
 	ns      string
 	nodes   []string
 	lease   string
+	zoneA   *zone
 	volumes []chaosVolume
 	checker *Checker
 	// proxy carries the replicas' traffic to kube-apiserver; kubeconfig
@@ -209,6 +220,7 @@ type harness struct {
 	faults        map[string]int
 	convergeTimes map[string][]time.Duration
 	relistsCaused map[string]relistCount
+	zoneHolds     []zoneHold
 }
 
 func newHarness(t *testing.T, rng *rand.Rand) *harness {
@@ -220,13 +232,9 @@ func newHarness(t *testing.T, rng *rand.Rand) *harness {
 	if _, err := framework.CreateNamespace(h.ctx, h.client, h.ns); err != nil {
 		t.Fatal(err)
 	}
-	opts := stack.KubeletOptions{NodePrefix: h.ns + "-node-", Nodes: nodes, MigratedPlugins: []string{awsEBSPlugin}}
-	h.nodes = opts.NodeNames()
-	kubelets, err := st.StartKubelets(h.ctx, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = kubelets.Stop(stack.StopGrace) })
+	h.zoneA = h.newZone("a", zoneANodes)
+	zoneB := h.newZone("b", zoneBNodes)
+	h.nodes = append(slices.Clone(h.zoneA.nodes), zoneB.nodes...)
 
 	for i := range 6 {
 		h.addCSIVolume(fmt.Sprintf("rwo-%d", i), false)
@@ -283,9 +291,12 @@ func (h *harness) watch() { watchInto(h.t, h.client, h.checker, &h.relists) }
 // startController starts one replica with leader election, as the
 // Deployment runs two.
 func (h *harness) startController() {
-	c, err := st.StartController(h.ctx, "--kubeconfig="+h.kubeconfig, "--leader-elect=true", "--leader-elect-resource-name="+h.lease,
+	flags := append([]string{"--kubeconfig=" + h.kubeconfig, "--leader-elect=true", "--leader-elect-resource-name=" + h.lease,
 		"--leader-elect-resource-namespace=default",
-		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms")
+		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms",
+		"--max-wait-for-unmount=" + maxWaitForUnmount.String(), "--max-wait-for-unmount-deleted-node=" + maxWaitDeletedNode.String()},
+		controllerFlags()...)
+	c, err := st.StartController(h.ctx, flags...)
 	if c != nil {
 		h.note("replica %s started (pid %d)", c.Process.Name, c.Process.Pid())
 		h.mu.Lock()
@@ -506,6 +517,7 @@ func (h *harness) inject(kind string, m relistMark) {
 	case faultNotReady:
 		n := h.node()
 		h.setReady(n, false)
+		// Less than maxWaitForUnmount.
 		h.sleep(time.Duration(5+h.rng.Intn(10)) * time.Second)
 		h.setReady(n, true)
 	case faultOutOfService:
@@ -541,6 +553,8 @@ func (h *harness) inject(kind string, m relistMark) {
 		h.forget()
 		h.running()
 		h.awaitRelists(m)
+	case faultZoneRestart:
+		h.zoneRestart()
 	case faultWatchesCut:
 		h.proxy.cut()
 		rev, err := st.Cluster.CompactEtcd(h.ctx)
@@ -728,6 +742,9 @@ func (h *harness) summary(t *testing.T, violations []string, unjudged int) {
 		}
 		fmt.Fprintf(&b, "  fault  %-70s %d  converged: median %s, max %s", k, h.faults[k],
 			median.Round(100*time.Millisecond), worst.Round(100*time.Millisecond))
+		if k == faultZoneRestart {
+			b.WriteString(h.zoneSummary())
+		}
 		if r := h.relistsCaused[k]; r.controller > 0 || r.checker > 0 || k == faultCompacted || k == faultWatchesCut {
 			fmt.Fprintf(&b, "; lists again: leader's informers %d, checker's watches %d", r.controller, r.checker)
 			if r.leaderChanged > 0 {

@@ -15,6 +15,10 @@
 // (Unseen): the objects gone meanwhile come as tombstones, and a detach that
 // started within the stretch is counted as unjudged, not judged against a
 // Node whose versions there were missed.
+//
+// A zone the harness kept disrupted (Disrupted) is judged on its nodes as
+// they were last written, those deleted meanwhile too: the Node object is
+// gone, but what its kubelet last reported mounted is still mounted.
 package chaos
 
 import (
@@ -67,6 +71,15 @@ func (e Event) rv() uint64 {
 // from, up to and including to.
 type unseen struct{ from, to uint64 }
 
+// disruption is a zone the harness kept disrupted after resourceVersion
+// from and before to: at least --unhealthy-zone-min-nodes, and
+// --unhealthy-zone-threshold, of its nodes NotReady or deleted.
+type disruption struct {
+	zone     string
+	nodes    []string
+	from, to uint64
+}
+
 // Checker records events and evaluates the invariants:
 //
 //	I1 a single-node volume has VolumeAttachments (in any state) on one node
@@ -74,13 +87,21 @@ type unseen struct{ from, to uint64 }
 //	I2 no detach starts for a volume in volumesInUse of a node without the
 //	   out-of-service taint (the harness keeps nodes NotReady for less than
 //	   the max wait for unmount);
-//	I3 no detach starts while node.status.volumesAttached lists the volume.
+//	I3 no detach starts while node.status.volumesAttached lists the volume;
+//	I10 no detach starts for a volume in volumesInUse of a node of a
+//	   disrupted zone, the node NotReady or deleted (as it was last written),
+//	   while the zone is disrupted, out-of-service taint aside: "a partition
+//	   is not a mass death", the forced detaches by timeout the max wait for
+//	   unmount makes due there are held (the harness keeps the zone
+//	   disrupted for longer than the max wait). As I2 on a node that exists,
+//	   and reported as I10 alone.
 type Checker struct {
-	mu      sync.Mutex
-	volumes map[string]Volume
-	events  []Event
-	others  map[types.UID]bool
-	unseen  []unseen
+	mu          sync.Mutex
+	volumes     map[string]Volume
+	events      []Event
+	others      map[types.UID]bool
+	unseen      []unseen
+	disruptions []disruption
 }
 
 // NewChecker returns a Checker of the given volumes; VolumeAttachments of
@@ -125,6 +146,14 @@ func (c *Checker) Unseen(from, to uint64) {
 	c.unseen = append(c.unseen, unseen{from, to})
 }
 
+// Disrupted records that the zone, of these nodes, was kept disrupted after
+// resourceVersion from and before to (I10).
+func (c *Checker) Disrupted(zone string, nodes []string, from, to uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.disruptions = append(c.disruptions, disruption{zone: zone, nodes: slices.Clone(nodes), from: from, to: to})
+}
+
 // Events returns how many events were recorded.
 func (c *Checker) Events() int {
 	c.mu.Lock()
@@ -147,6 +176,7 @@ func (c *Checker) Judge() (violations []string, unjudged int) {
 	volumes := c.volumes
 	others := maps.Clone(c.others)
 	gaps := slices.Clone(c.unseen)
+	disruptions := slices.Clone(c.disruptions)
 	c.mu.Unlock()
 	sort.SliceStable(events, func(i, j int) bool { return events[i].rv() < events[j].rv() })
 
@@ -161,6 +191,8 @@ func (c *Checker) Judge() (violations []string, unjudged int) {
 	}
 	vas := map[string]*storagev1.VolumeAttachment{}
 	nodes := map[string]*v1.Node{}
+	// gone holds the last version of each node deleted and not re-created.
+	gone := map[string]*v1.Node{}
 	detachStart := func(va *storagev1.VolumeAttachment, rv uint64) {
 		vol, ok := volumes[pvOf(va)]
 		if !ok || others[va.UID] {
@@ -170,16 +202,39 @@ func (c *Checker) Judge() (violations []string, unjudged int) {
 			unjudged++
 			return
 		}
-		n := nodes[va.Spec.NodeName]
+		n, deleted := nodes[va.Spec.NodeName], false
+		if n == nil {
+			n, deleted = gone[va.Spec.NodeName], true
+		}
 		if n == nil {
 			return
 		}
 		attached, inUse := invariants.NodeLists(n)
+		mounted := invariants.DetachMounted(vol, inUse, invariants.OutOfServiceTaint(n))
+		held := false
+		if i := slices.IndexFunc(disruptions, func(d disruption) bool {
+			return d.from < rv && rv < d.to && slices.Contains(d.nodes, n.Name)
+		}); i >= 0 && mounted {
+			held = true
+			state := "NotReady"
+			switch {
+			case deleted:
+				state = "deleted"
+			case invariants.Ready(n):
+				state = "Ready"
+			}
+			violate("I10: detach of %s from %s (%s, in volumesInUse) started (resourceVersion %d) while zone %s is disrupted: a forced detach by timeout must be held",
+				vol.PV, n.Name, state, rv, disruptions[i].zone)
+		}
+		if deleted {
+			// Its status went with it: I2 and I3 judge nodes that exist.
+			return
+		}
 		if invariants.DetachListed(vol, attached) {
 			violate("I3: detach of %s from %s started (resourceVersion %d) while node.status.volumesAttached lists it (node resourceVersion %s)",
 				vol.PV, n.Name, rv, n.ResourceVersion)
 		}
-		if invariants.DetachMounted(vol, inUse, invariants.OutOfServiceTaint(n)) {
+		if mounted && !held {
 			violate("I2: detach of %s from %s started (resourceVersion %d) while it is in volumesInUse of the node (ready=%v, node resourceVersion %s)",
 				vol.PV, n.Name, rv, invariants.Ready(n), n.ResourceVersion)
 		}
@@ -189,8 +244,10 @@ func (c *Checker) Judge() (violations []string, unjudged int) {
 		case e.Node != nil:
 			if e.Type == watch.Deleted || e.Tombstone {
 				delete(nodes, e.Node.Name)
+				gone[e.Node.Name] = e.Node
 			} else {
 				nodes[e.Node.Name] = e.Node
+				delete(gone, e.Node.Name)
 			}
 		case e.VA != nil && e.Tombstone:
 			// When it went, and who started its detach, is unknown.

@@ -217,3 +217,89 @@ func TestCheckerAttributesDetaches(t *testing.T) {
 		})
 	}
 }
+
+func deletedNode(e Event) Event {
+	e.Type = watch.Deleted
+	return e
+}
+
+// I10: in a zone kept disrupted, no detach of a volume its node (NotReady,
+// or deleted: as last written) lists in volumesInUse starts; the checker
+// says nothing before the disruption, after it, on a node re-created with
+// nothing mounted, or on a node of another zone (I2 judges that one).
+func TestCheckerCatchesDetachesInADisruptedZone(t *testing.T) {
+	mountedA := nodeEvent("10", "a", false, false, nil, []string{rwoName})
+	for _, tc := range []struct {
+		name   string
+		events []Event
+		want   string // "" for none
+	}{
+		{"planted: detach from a node deleted during the disruption", []Event{
+			mountedA,
+			vaEvent(watch.Added, "11", rwo, "a", false),
+			deletedNode(nodeEvent("21", "a", false, false, nil, []string{rwoName})),
+			vaEvent(watch.Modified, "25", rwo, "a", true),
+		}, "I10: detach of pv-rwo from a (deleted, in volumesInUse) started (resourceVersion 25) while zone z is disrupted"},
+		{"planted: detach from a NotReady node of the zone, reported once as I10", []Event{
+			mountedA,
+			vaEvent(watch.Added, "11", rwo, "a", false),
+			vaEvent(watch.Modified, "25", rwo, "a", true),
+		}, "I10: detach of pv-rwo from a (NotReady, in volumesInUse)"},
+		{"planted: a tombstone is a deletion too", []Event{
+			mountedA,
+			vaEvent(watch.Added, "11", rwo, "a", false),
+			tombstone(mountedA),
+			vaEvent(watch.Modified, "25", rwo, "a", true),
+		}, "I10: detach of pv-rwo from a (deleted"},
+		{"detach from a deleted node after the disruption", []Event{
+			mountedA,
+			vaEvent(watch.Added, "11", rwo, "a", false),
+			deletedNode(nodeEvent("21", "a", false, false, nil, []string{rwoName})),
+			vaEvent(watch.Modified, "30", rwo, "a", true),
+		}, ""},
+		{"detach from a deleted node before the disruption", []Event{
+			mountedA,
+			vaEvent(watch.Added, "11", rwo, "a", false),
+			deletedNode(nodeEvent("12", "a", false, false, nil, []string{rwoName})),
+			vaEvent(watch.Modified, "13", rwo, "a", true),
+		}, ""},
+		{"detach from a node re-created with nothing mounted", []Event{
+			mountedA,
+			vaEvent(watch.Added, "11", rwo, "a", false),
+			deletedNode(nodeEvent("21", "a", false, false, nil, []string{rwoName})),
+			nodeEvent("23", "a", true, false, nil, nil),
+			vaEvent(watch.Modified, "25", rwo, "a", true),
+		}, ""},
+		{"detach from a deleted node that had not mounted it", []Event{
+			nodeEvent("10", "a", false, false, nil, nil),
+			vaEvent(watch.Added, "11", rwo, "a", false),
+			deletedNode(nodeEvent("21", "a", false, false, nil, nil)),
+			vaEvent(watch.Modified, "25", rwo, "a", true),
+		}, ""},
+		{"out-of-service taint allows it", []Event{
+			nodeEvent("10", "a", false, true, nil, []string{rwoName}),
+			vaEvent(watch.Added, "11", rwo, "a", false),
+			vaEvent(watch.Modified, "25", rwo, "a", true),
+		}, ""},
+		{"planted: a node of another zone is judged by I2", []Event{
+			nodeEvent("10", "b", false, false, nil, []string{rwoName}),
+			vaEvent(watch.Added, "11", rwo, "b", false),
+			vaEvent(watch.Modified, "25", rwo, "b", true),
+		}, "I2: detach of pv-rwo from b started"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewChecker(Volume{PV: rwo, SingleNode: true, Names: []string{rwoName}})
+			c.Disrupted("z", []string{"a", "c"}, 20, 29)
+			for _, e := range tc.events {
+				c.Record(e)
+			}
+			got := c.Violations()
+			switch {
+			case tc.want == "" && len(got) > 0:
+				t.Errorf("violations %q, want none", got)
+			case tc.want != "" && (len(got) != 1 || !strings.HasPrefix(got[0], tc.want)):
+				t.Errorf("violations %q, want one starting with %q", got, tc.want)
+			}
+		})
+	}
+}

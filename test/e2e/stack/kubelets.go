@@ -21,6 +21,8 @@ type KubeletOptions struct {
 	// MigratedPlugins are the in-tree plugins the nodes handle through CSI
 	// (e.g. kubernetes.io/aws-ebs), written to their CSINodes.
 	MigratedPlugins []string
+	// NodeLabels are set on every node as it registers (e.g. its zone).
+	NodeLabels map[string]string
 	// ExtraArgs are appended to the flags.
 	ExtraArgs []string
 }
@@ -51,6 +53,14 @@ func (s *Stack) StartKubelets(ctx context.Context, o KubeletOptions) (*Process, 
 	}
 	if len(o.MigratedPlugins) > 0 {
 		args = append(args, "--migrated-plugins="+strings.Join(o.MigratedPlugins, ","))
+	}
+	if len(o.NodeLabels) > 0 {
+		labels := make([]string, 0, len(o.NodeLabels))
+		for k, v := range o.NodeLabels {
+			labels = append(labels, k+"="+v)
+		}
+		slices.Sort(labels)
+		args = append(args, "--node-labels="+strings.Join(labels, ","))
 	}
 	args = append(args, o.ExtraArgs...)
 	p, err := s.start("kubeletsim-"+strings.TrimRight(o.NodePrefix, "-"), s.kubeletsimBin, args...)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,6 +29,9 @@ type Options struct {
 	// Nodes are named NodePrefix + index, index from 0 to Nodes-1.
 	Nodes      int
 	NodePrefix string
+	// NodeLabels are added to every node's labels when it registers, as
+	// kubelet's --node-labels (e.g. topology.kubernetes.io/zone).
+	NodeLabels map[string]string
 
 	CSIDrivers      []Driver
 	MigratedPlugins []string
@@ -65,6 +69,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of the API client.")
 	fs.IntVar(&o.Nodes, "nodes", o.Nodes, "Number of nodes to simulate.")
 	fs.StringVar(&o.NodePrefix, "node-prefix", o.NodePrefix, "Node names are this prefix followed by 0 ... nodes-1.")
+	fs.Var((*labelsFlag)(&o.NodeLabels), "node-labels", "Comma-separated labels (key=value) added to every node when it registers, as kubelet's --node-labels.")
 	fs.Var((*driversFlag)(&o.CSIDrivers), "csi-drivers", "Comma-separated CSI drivers of every CSINode, each name=nodeID, or name alone for nodeID = node name.")
 	fs.Var((*listFlag)(&o.MigratedPlugins), "migrated-plugins", "Comma-separated in-tree plugins (e.g. kubernetes.io/aws-ebs) the nodes handle through CSI: written to the CSINode annotation storage.alpha.kubernetes.io/migrated-plugins; their volumes are named by the translated CSI volume.")
 	fs.DurationVar(&o.CSINodeDelay, "csinode-delay", o.CSINodeDelay, "Create the CSINodes this long after the nodes; 0 with the nodes, negative never.")
@@ -84,6 +89,11 @@ func (o *Options) Validate() error {
 		last := NodeName(o.NodePrefix, o.Nodes-1)
 		if msgs := validation.IsDNS1123Subdomain(last); len(msgs) > 0 {
 			errs = append(errs, fmt.Errorf("--node-prefix %q gives invalid node names (%s): %s", o.NodePrefix, last, strings.Join(msgs, "; ")))
+		}
+	}
+	for k, v := range o.NodeLabels {
+		if msgs := append(validation.IsQualifiedName(k), validation.IsValidLabelValue(v)...); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("--node-labels: invalid label %s=%s: %s", k, v, strings.Join(msgs, "; ")))
 		}
 	}
 	seen := map[string]bool{}
@@ -178,5 +188,36 @@ func (f *listFlag) Set(value string) error {
 		}
 	}
 	*f = items
+	return nil
+}
+
+// labelsFlag parses "k1=v1,k2=v2" into a map.
+type labelsFlag map[string]string
+
+func (f *labelsFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	parts := make([]string, 0, len(*f))
+	for k, v := range *f {
+		parts = append(parts, k+"="+v)
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ",")
+}
+
+func (f *labelsFlag) Set(value string) error {
+	labels := map[string]string{}
+	for _, item := range strings.Split(value, ",") {
+		if item = strings.TrimSpace(item); item == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(item, "=")
+		if !ok {
+			return fmt.Errorf("label %q is not key=value", item)
+		}
+		labels[strings.TrimSpace(k)] = strings.TrimSpace(v)
+	}
+	*f = labels
 	return nil
 }

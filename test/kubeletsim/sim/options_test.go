@@ -3,6 +3,7 @@ package sim
 import (
 	"flag"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -25,9 +26,12 @@ func TestOptions(t *testing.T) {
 	o, err := parse(t, "--nodes=3", "--node-prefix=sim-",
 		"--csi-drivers", "mock.csi.example.com=mock.csi.example.com, ebs.csi.aws.com",
 		"--migrated-plugins", "kubernetes.io/aws-ebs,kubernetes.io/gce-pd",
-		"--csinode-delay=2s")
+		"--csinode-delay=2s", "--node-labels", "topology.kubernetes.io/zone=a, tier=db")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if want := map[string]string{"topology.kubernetes.io/zone": "a", "tier": "db"}; !maps.Equal(o.NodeLabels, want) {
+		t.Errorf("node labels = %v, want %v", o.NodeLabels, want)
 	}
 	wantDrivers := []Driver{{Name: "mock.csi.example.com", NodeID: "mock.csi.example.com"}, {Name: "ebs.csi.aws.com"}}
 	if !slices.Equal(o.CSIDrivers, wantDrivers) {
@@ -79,6 +83,9 @@ func TestOptionsInvalid(t *testing.T) {
 		{[]string{"--csi-drivers==id"}, "no name"},
 		{[]string{"--migrated-plugins=kubernetes.io/iscsi"}, "not a migratable"},
 		{[]string{"--workers=0"}, "--workers"},
+		{[]string{"--node-labels=zone"}, "not key=value"},
+		{[]string{"--node-labels=zone=a b"}, "--node-labels: invalid label"},
+		{[]string{"--node-labels=-zone=a"}, "--node-labels: invalid label"},
 	} {
 		_, err := parse(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

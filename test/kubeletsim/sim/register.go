@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -68,16 +69,19 @@ func readyCondition() v1.NodeCondition {
 	}
 }
 
-// ensureNode creates node name, managed and Ready. An existing node gets the
-// managed annotation, and a Ready condition only when it has none: a test
-// may have made it NotReady on purpose.
+// ensureNode creates node name, managed, Ready and with the node labels. An
+// existing node gets the managed annotation and the node labels, and a Ready
+// condition only when it has none: a test may have made it NotReady on
+// purpose.
 func (s *Simulator) ensureNode(ctx context.Context, name string) (types.UID, error) {
 	logger := klog.FromContext(ctx).WithValues("node", name)
 	nodes := s.client.CoreV1().Nodes()
+	labels := map[string]string{v1.LabelHostname: name, v1.LabelOSStable: "linux", "kubeletsim": "true"}
+	maps.Copy(labels, s.opts.NodeLabels)
 	node := &v1.Node{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        name,
-			Labels:      map[string]string{v1.LabelHostname: name, v1.LabelOSStable: "linux", "kubeletsim": "true"},
+			Labels:      labels,
 			Annotations: map[string]string{ManagedAnnotation: "true"},
 		},
 		Status: v1.NodeStatus{Conditions: []v1.NodeCondition{readyCondition()}},
@@ -87,7 +91,11 @@ func (s *Simulator) ensureNode(ctx context.Context, name string) (types.UID, err
 	case err == nil:
 		logger.V(2).Info("Created node")
 	case apierrors.IsAlreadyExists(err):
-		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{ManagedAnnotation: "true"}}})
+		meta := map[string]any{"annotations": map[string]string{ManagedAnnotation: "true"}}
+		if len(s.opts.NodeLabels) > 0 {
+			meta["labels"] = s.opts.NodeLabels
+		}
+		patch, err := json.Marshal(map[string]any{"metadata": meta})
 		if err != nil {
 			return "", fmt.Errorf("encode node %s patch: %w", name, err)
 		}

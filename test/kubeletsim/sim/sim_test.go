@@ -103,6 +103,7 @@ func TestRegistration(t *testing.T) {
 	opts.NodePrefix = "n-"
 	opts.CSIDrivers = []Driver{{Name: "mock.csi.example.com", NodeID: "mock.csi.example.com"}, {Name: "ebs.csi.aws.com"}}
 	opts.MigratedPlugins = []string{"kubernetes.io/aws-ebs"}
+	opts.NodeLabels = map[string]string{v1.LabelTopologyZone: "a"}
 	client, ctx, stop := startSim(t, opts)
 	defer stop()
 
@@ -122,6 +123,9 @@ func TestRegistration(t *testing.T) {
 		}
 		if node.Annotations[ManagedAnnotation] != "true" {
 			t.Errorf("%s: annotations %v lack %s", name, node.Annotations, ManagedAnnotation)
+		}
+		if node.Labels[v1.LabelTopologyZone] != "a" || node.Labels[v1.LabelHostname] != name {
+			t.Errorf("%s: labels %v, want the node labels and the hostname", name, node.Labels)
 		}
 		if want := `{"ebs.csi.aws.com":"` + name + `","mock.csi.example.com":"mock.csi.example.com"}`; node.Annotations[nodeIDAnnotation] != want {
 			t.Errorf("%s: node ID annotation %q, want %q", name, node.Annotations[nodeIDAnnotation], want)
@@ -151,6 +155,7 @@ func TestAdoptExisting(t *testing.T) {
 	opts.Nodes = 2
 	opts.NodePrefix = "n-"
 	opts.CSIDrivers = []Driver{{Name: "new.csi"}}
+	opts.NodeLabels = map[string]string{v1.LabelTopologyZone: "a"}
 	notReady := v1.NodeCondition{Type: v1.NodeReady, Status: v1.ConditionFalse}
 	existing := []any{
 		// n-0: from an earlier run, no annotation, no conditions.
@@ -183,7 +188,7 @@ func TestAdoptExisting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n0.Annotations[ManagedAnnotation] != "true" || n0.Labels["keep"] != "me" {
+	if n0.Annotations[ManagedAnnotation] != "true" || n0.Labels["keep"] != "me" || n0.Labels[v1.LabelTopologyZone] != "a" {
 		t.Errorf("n-0 meta: annotations %v labels %v", n0.Annotations, n0.Labels)
 	}
 	if len(n0.Status.Conditions) != 1 || n0.Status.Conditions[0].Status != v1.ConditionTrue {
