@@ -10,8 +10,10 @@
 // kube-controller-manager runs with --secure-port=0 and serves no metrics.
 // A test external-attacher inside the harness, with an unthrottled client,
 // marks VolumeAttachments attached (finalizer, then status) and lets deleted
-// ones go (finalizer removed); no kubelet runs, so nothing is ever in
-// node.status.volumesInUse and every detach is safe at once.
+// ones go (finalizer removed); no kubelet runs, so nothing is in
+// node.status.volumesInUse (but the move phase's moved volumes, which the
+// harness writes there as their kubelet would) and every other detach is
+// safe at once.
 //
 // Phases, each bounded in time:
 //
@@ -31,6 +33,21 @@
 //     replaced by a pod using the same claim on the next node, as a
 //     rescheduled StatefulSet pod: the old attachment must be detached
 //     before the new one (ReadWriteOnce) can be attached.
+//   - move: a few volumes, each mounted on its node (in its
+//     status.volumesInUse), move to the next node as a StatefulSet moves
+//     a pod (old pod deleted, the harness drops the volume from
+//     volumesInUse as its kubelet would on unmount, new pod created),
+//     right after a burst of new pods with volumes of their own is
+//     created; every attach of the phase takes the attacher's delay. Per
+//     moved volume, from its unmount until its new node's
+//     status.volumesAttached lists it: the target is 2 s plus that delay,
+//     however many pods arrived before. The burst's pods are then deleted.
+//   - stream: a set of volumes spread over the nodes is torn down (their
+//     pods deleted at once) twice: alone, then while new pods arrive at a
+//     steady rate. Each from the first deletion until every
+//     VolumeAttachment of the set is gone: under the stream, whose
+//     attaches the controller serves first, at most 1.2 times as long as
+//     alone. The stream's pods are then deleted.
 //   - teardown: every pod deleted; right after, one more pod, with a volume
 //     of its own, on the canary node. Until every other VolumeAttachment is
 //     gone and every node's status lists nothing but the new volume, and,

@@ -242,3 +242,57 @@ func (o *Observer) await(ctx context.Context, e *Expectation, start time.Time, t
 		}
 	}
 }
+
+// Listing is a volume awaited in a node's status.volumesAttached.
+type Listing struct {
+	Node   string
+	Volume v1.UniqueVolumeName
+}
+
+// WatchListed records, every poll, when each listing is first seen in its
+// node's status, until every one is or stop is called. stop returns those
+// times, zero for a listing not seen; a phase calls it once it knows every
+// listing it needs is in (its Await answered).
+func (o *Observer) WatchListed(ctx context.Context, ls []Listing) (stop func() []time.Time) {
+	ctx, cancel := context.WithCancel(ctx)
+	seen := make([]time.Time, len(ls))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ticker := time.NewTicker(o.poll)
+		defer ticker.Stop()
+		for left := len(ls); left > 0; {
+			now := time.Now()
+			for i, l := range ls {
+				if seen[i].IsZero() && o.listed(l) {
+					seen[i] = now
+					left--
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+			}
+		}
+	}()
+	return func() []time.Time {
+		cancel()
+		<-done
+		return seen
+	}
+}
+
+// listed reports whether l's node lists its volume in status.volumesAttached.
+func (o *Observer) listed(l Listing) bool {
+	node, err := o.nodes.Get(l.Node)
+	if err != nil {
+		return false
+	}
+	for _, av := range node.Status.VolumesAttached {
+		if av.Name == l.Volume {
+			return true
+		}
+	}
+	return false
+}

@@ -90,6 +90,8 @@ func writeSummary(b *strings.Builder, cfg Config, results []*Result) {
 	f := cfg.Floors()
 	v, n := cfg.Nodes*cfg.PodsPerNode, cfg.Nodes
 	rounds := time.Duration(cfg.ChurnRounds)
+	moveTarget := MoveTarget + cfg.AttachDelay
+	streamFloor := f.Teardown(cfg.StreamTeardown, min(cfg.StreamTeardown, n))
 	rows := []row{
 		{label: "burst: the harness has created every pod", value: phaseTime(PhaseBurst, MPodsWritten), unit: "s"},
 		{label: "burst: every VolumeAttachment exists", value: phaseTime(PhaseBurst, MExist), floor: f.BurstCreates(v), hasFloor: true, unit: "s"},
@@ -118,6 +120,22 @@ func writeSummary(b *strings.Builder, cfg Config, results []*Result) {
 		{label: "churn: last API request, events included (sum)", value: lastRequest(PhaseChurn), unit: "s"},
 		{label: "churn: API writes, events excluded (all requests)", value: writes(PhaseChurn), totalOf: PhaseChurn},
 		{label: "churn: CPU seconds", value: cpu(PhaseChurn), unit: "s"},
+		{label: fmt.Sprintf("move: the harness has created the burst's %d pods", cfg.MoveBurst), value: phaseTime(PhaseMove, MPodsWritten), unit: "s"},
+		{label: fmt.Sprintf("move: %d ReadWriteOnce volumes moved to another node right after the burst, old node's unmount to new node's status.volumesAttached: median (target %s: %s + the attacher's %s)",
+			cfg.MoveVolumes, seconds(moveTarget), seconds(MoveTarget), cfg.AttachDelay), value: waitMedian(PhaseMove, WaitMove), unit: "s"},
+		{label: fmt.Sprintf("move: slowest of the %d (target %s)", cfg.MoveVolumes, seconds(moveTarget)), value: waitMax(PhaseMove, WaitMove), unit: "s"},
+		{label: "move: the burst's volumes and the moved ones attached and in node.status, from the burst's first pod", value: phaseTime(PhaseMove, MDone), unit: "s"},
+		{label: "move: API writes, the burst's removal included, events excluded (all requests)", value: writes(PhaseMove), totalOf: PhaseMove},
+		{label: fmt.Sprintf("stream: %d volumes torn down alone, every VolumeAttachment gone", cfg.StreamTeardown),
+			value: phaseTime(PhaseStream, MTeardownAlone), floor: streamFloor, hasFloor: true, unit: "s"},
+		{label: fmt.Sprintf("stream: the same teardown while new pods arrive, %g a second", cfg.StreamRate),
+			value: phaseTime(PhaseStream, MTeardownStream), floor: streamFloor, hasFloor: true, unit: "s"},
+		{label: fmt.Sprintf("stream: teardown under the stream / alone (target %.2f at most)", StreamTarget),
+			value: phaseRatio(PhaseStream, MTeardownStream, MTeardownAlone), unit: "x"},
+		{label: "stream: new pods created during the teardown", value: waitCount(PhaseStream, WaitStream)},
+		{label: "stream: a new pod's wait for its volume in node.status, from its creation: median", value: waitMedian(PhaseStream, WaitStream), unit: "s"},
+		{label: "stream: a new pod's wait: slowest", value: waitMax(PhaseStream, WaitStream), unit: "s"},
+		{label: "stream: API writes, both teardowns and the pods' setup and removal, events excluded (all requests)", value: writes(PhaseStream), totalOf: PhaseStream},
 		{label: "teardown: the harness has deleted every pod", value: phaseTime(PhaseTeardown, MPodsWritten), unit: "s"},
 		{label: "teardown: every VolumeAttachment gone (but the new pod's)", value: phaseTime(PhaseTeardown, MGone), floor: f.Teardown(v, n), hasFloor: true, unit: "s"},
 		{label: "teardown: node statuses empty (but the new pod's volume)", value: phaseTime(PhaseTeardown, MStatus), unit: "s"},
@@ -178,6 +196,8 @@ func cell(rw row, r *Result, v float64, ok bool) string {
 		return fmt.Sprintf("%.0f MiB", v)
 	case "KiB":
 		return fmt.Sprintf("%.1f KiB", v)
+	case "x":
+		return fmt.Sprintf("%.2f", v)
 	}
 	if rw.totalOf != "" {
 		return fmt.Sprintf("%.0f (%d)", v, r.Requests.Total(rw.totalOf))
@@ -205,6 +225,63 @@ func phaseTime(phase, milestone string) func(*Result) (float64, bool) {
 		}
 		t, ok := p.Times[milestone]
 		return t.Seconds(), ok
+	}
+}
+
+// seconds writes d as the report's times are written.
+func seconds(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
+
+// phaseRatio is milestone a over milestone b of phase.
+func phaseRatio(phase, a, b string) func(*Result) (float64, bool) {
+	return func(r *Result) (float64, bool) {
+		ta, aok := phaseTime(phase, a)(r)
+		tb, bok := phaseTime(phase, b)(r)
+		if !aok || !bok || tb == 0 {
+			return 0, false
+		}
+		return ta / tb, true
+	}
+}
+
+func waits(r *Result, phase, name string) ([]time.Duration, bool) {
+	p, ok := phaseOK(r, phase)
+	if !ok || len(p.Waits[name]) == 0 {
+		return nil, false
+	}
+	return p.Waits[name], true
+}
+
+func waitCount(phase, name string) func(*Result) (float64, bool) {
+	return func(r *Result) (float64, bool) {
+		w, ok := waits(r, phase, name)
+		return float64(len(w)), ok
+	}
+}
+
+func waitMax(phase, name string) func(*Result) (float64, bool) {
+	return func(r *Result) (float64, bool) {
+		w, ok := waits(r, phase, name)
+		if !ok {
+			return 0, false
+		}
+		return slices.Max(w).Seconds(), true
+	}
+}
+
+// waitMedian is the median of the waits: the middle one, or the mean of
+// the two middle ones.
+func waitMedian(phase, name string) func(*Result) (float64, bool) {
+	return func(r *Result) (float64, bool) {
+		w, ok := waits(r, phase, name)
+		if !ok {
+			return 0, false
+		}
+		s := slices.Sorted(slices.Values(w))
+		m := len(s) / 2
+		if len(s)%2 == 0 {
+			return (s[m-1] + s[m]).Seconds() / 2, true
+		}
+		return s[m].Seconds(), true
 	}
 }
 

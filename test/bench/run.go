@@ -23,11 +23,13 @@ const (
 	PhaseIdle     = "idle"
 	PhaseRestart  = "restart"
 	PhaseChurn    = "churn"
+	PhaseMove     = "move"
+	PhaseStream   = "stream"
 	PhaseTeardown = "teardown"
 )
 
 // Phases lists the phases in order.
-var Phases = []string{PhaseStartup, PhaseBurst, PhaseIdle, PhaseRestart, PhaseChurn, PhaseTeardown}
+var Phases = []string{PhaseStartup, PhaseBurst, PhaseIdle, PhaseRestart, PhaseChurn, PhaseMove, PhaseStream, PhaseTeardown}
 
 // WindowNewVolume counts, within the restart phase, the requests on the
 // volume created at the restart (its VolumeAttachment, its node's status):
@@ -78,6 +80,15 @@ type Config struct {
 	QPS         float32
 	Burst       int
 	ChurnRounds int
+	// The move phase: MoveVolumes of the workload's volumes move to
+	// another node right after a burst of MoveBurst new pods; each attach
+	// of the phase takes AttachDelay.
+	MoveVolumes, MoveBurst int
+	AttachDelay            time.Duration
+	// The stream phase: StreamTeardown volumes torn down alone, then while
+	// new pods arrive at StreamRate a second.
+	StreamTeardown int
+	StreamRate     float64
 	// Idle is the length of the idle phase.
 	Idle time.Duration
 	// After each phase (and churn round) the harness waits until the
@@ -111,6 +122,8 @@ type Env struct {
 	Cluster  *framework.Cluster
 	Client   kubernetes.Interface // unthrottled, for setup and load
 	Observer *Observer
+	// Attacher is the test attacher, whose attach delay a phase may set.
+	Attacher *Attacher
 	AuditLog string
 	Config   Config
 	// LeaveWorkload skips the cleanup after the run: the cluster goes away
@@ -126,6 +139,9 @@ type PhaseResult struct {
 	Times map[string]time.Duration
 	// Rounds are the churn rounds' times to converge.
 	Rounds []time.Duration
+	// Waits are waits measured one by one (WaitMove, WaitStream), in the
+	// order they were made.
+	Waits map[string][]time.Duration
 	// Progress is the burst's counts over time, from the start of the
 	// phase, for the report's plot.
 	Progress *Progress
@@ -135,6 +151,13 @@ type PhaseResult struct {
 	LastRequest   time.Duration
 	Before, After framework.Stats
 	Err           error
+}
+
+func (p *PhaseResult) addWait(name string, d time.Duration) {
+	if p.Waits == nil {
+		p.Waits = map[string][]time.Duration{}
+	}
+	p.Waits[name] = append(p.Waits[name], d)
 }
 
 // CPUSeconds is the CPU time the controller used during the phase.
@@ -278,6 +301,8 @@ func (r *runner) phases(ctx context.Context) {
 		{PhaseIdle, r.idle},
 		{PhaseRestart, r.restart},
 		{PhaseChurn, r.churn},
+		{PhaseMove, r.move},
+		{PhaseStream, r.stream},
 		{PhaseTeardown, r.teardown},
 	}
 	var prev *PhaseResult

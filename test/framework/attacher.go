@@ -46,6 +46,12 @@ type AttacherOptions struct {
 	Finalizer bool
 	// Workers sync VolumeAttachments in parallel. Default: 1.
 	Workers int
+	// AttachDelay, when set, is how long each attach takes: status is
+	// written that long after the attacher took the VolumeAttachment up,
+	// as a driver's ControllerPublishVolume would hold it (the worker waits
+	// meanwhile). Asked at each attach, so that a caller can change it
+	// while the attacher runs. A detach is never delayed.
+	AttachDelay func() time.Duration
 }
 
 // AttachFailureMessage is the default attachError message for handle.
@@ -187,6 +193,9 @@ func (a *Attacher) sync(ctx context.Context, va *storagev1.VolumeAttachment) err
 	case va.Status.Attached:
 		return nil
 	}
+	if err := a.attachDelay(ctx); err != nil {
+		return err
+	}
 	status := map[string]any{"attached": true}
 	if a.opts.FailPrefix != "" {
 		handle, err := a.handle(ctx, va)
@@ -205,6 +214,25 @@ func (a *Attacher) sync(ctx context.Context, va *storagev1.VolumeAttachment) err
 		}
 	}
 	return a.patch(ctx, va.Name, "status", map[string]any{"status": status})
+}
+
+// attachDelay waits for AttachDelay, or until ctx is done.
+func (a *Attacher) attachDelay(ctx context.Context) error {
+	if a.opts.AttachDelay == nil {
+		return nil
+	}
+	d := a.opts.AttachDelay()
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // patch merge-patches the VolumeAttachment, or its subresource if not "".

@@ -136,3 +136,45 @@ func attached(ok bool, attachError string, finalizers []string) *storagev1.Volum
 		Status:     storagev1.VolumeAttachmentStatus{Attached: ok, AttachError: &storagev1.VolumeError{Message: attachError}},
 	}
 }
+
+func TestAttacherAttachDelay(t *testing.T) {
+	const driver, delay = "csi.test", 300 * time.Millisecond
+	pvName := "pv-1"
+	client := fake.NewClientset(&storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: "va-1"},
+		Spec: storagev1.VolumeAttachmentSpec{
+			Attacher: driver, NodeName: "node-1",
+			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName},
+		},
+	})
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	asked := make(chan struct{}, 10)
+	opts := AttacherOptions{Finalizer: true, AttachDelay: func() time.Duration {
+		asked <- struct{}{}
+		return delay
+	}}
+	started := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- NewAttacher(client, opts).Run(ctx) }()
+	var attachedAfter time.Duration
+	Eventually(t, 10*time.Second, func() (bool, error) {
+		got, err := client.StorageV1().VolumeAttachments().Get(ctx, "va-1", metav1.GetOptions{})
+		if err != nil || !got.Status.Attached {
+			return false, err
+		}
+		attachedAfter = time.Since(started)
+		return true, nil
+	}, "VolumeAttachment attached")
+	if attachedAfter < delay {
+		t.Errorf("attached %s after the attacher started, want at least the attach delay %s", attachedAfter, delay)
+	}
+	if len(asked) == 0 {
+		t.Error("AttachDelay never asked")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+}

@@ -29,11 +29,17 @@ import (
 	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
 
-// sizes are the workloads -size selects: nodes x pods per node.
-var sizes = map[string][2]int{
-	"small": {50, 10},
-	"large": {1000, 10},
-	"huge":  {10000, 10},
+// size is a workload -size selects: nodes x pods per node, the burst the
+// move phase's moves arrive behind, the volumes the stream phase tears
+// down.
+type size struct {
+	nodes, podsPerNode, moveBurst, streamTeardown int
+}
+
+var sizes = map[string]size{
+	"small": {50, 10, 150, 100},
+	"large": {1000, 10, 1000, 1000},
+	"huge":  {10000, 10, 1000, 1000},
 }
 
 // The defaults of -qps, -burst and -controllers: the budget
@@ -44,11 +50,19 @@ const (
 	defaultControllers = "ours,kcm"
 )
 
+// The defaults of the move and stream phases' flags.
+const (
+	defaultMoveVolumes = 5
+	defaultAttachDelay = 300 * time.Millisecond
+	defaultStreamRate  = 4
+)
+
 type flags struct {
 	size, controllers, binDir, oursBinary, results, workDir, goBench, lastPhase string
 	nodes, podsPerNode, burst, rounds                                           int
-	qps                                                                         float64
-	idle, quiet, maxSettle, minTimeout, poll                                    time.Duration
+	moveVolumes, moveBurst, streamTeardown                                      int
+	qps, streamRate                                                             float64
+	idle, quiet, maxSettle, minTimeout, poll, attachDelay                       time.Duration
 	timeoutFactor                                                               float64
 	keep                                                                        bool
 }
@@ -66,6 +80,11 @@ func main() {
 	flag.DurationVar(&f.quiet, "quiet", 10*time.Second, "after each phase and churn round, wait until the controller has made no API request for this long...")
 	flag.DurationVar(&f.maxSettle, "max-settle", 10*time.Minute, "...but at most this long")
 	flag.IntVar(&f.rounds, "churn-rounds", 3, "churn rounds")
+	flag.IntVar(&f.moveVolumes, "move-volumes", defaultMoveVolumes, "move phase: ReadWriteOnce volumes in use moved to another node right after a burst of new pods")
+	flag.IntVar(&f.moveBurst, "move-burst", 0, "move phase: pods of the burst (default: small 150, large and huge 1000)")
+	flag.DurationVar(&f.attachDelay, "attach-delay", defaultAttachDelay, "move phase: how long the test attacher takes to attach (other phases: none)")
+	flag.IntVar(&f.streamTeardown, "stream-teardown", 0, "stream phase: volumes torn down alone, then while new pods arrive (default: small 100, large and huge 1000)")
+	flag.Float64Var(&f.streamRate, "stream-rate", defaultStreamRate, "stream phase: new pods a second during the second teardown")
 	flag.StringVar(&f.lastPhase, "last-phase", "", "stop after this phase ("+strings.Join(bench.Phases, ", ")+"); default: run them all")
 	flag.Float64Var(&f.timeoutFactor, "timeout-factor", 6, "a phase fails after this many times its API floor...")
 	flag.DurationVar(&f.minTimeout, "min-timeout", 5*time.Minute, "...or after this, whichever is longer")
@@ -91,18 +110,27 @@ func run(f flags) error {
 	if f.lastPhase != "" && !slices.Contains(bench.Phases, f.lastPhase) {
 		return fmt.Errorf("-last-phase must be one of %s, got %q", strings.Join(bench.Phases, ", "), f.lastPhase)
 	}
+	if f.streamRate <= 0 {
+		return fmt.Errorf("-stream-rate must be positive, got %g", f.streamRate)
+	}
 	if f.nodes > 0 {
-		size[0] = f.nodes
+		size.nodes = f.nodes
 	}
 	if f.podsPerNode > 0 {
-		size[1] = f.podsPerNode
+		size.podsPerNode = f.podsPerNode
+	}
+	if f.moveBurst > 0 {
+		size.moveBurst = f.moveBurst
+	}
+	if f.streamTeardown > 0 {
+		size.streamTeardown = f.streamTeardown
 	}
 	if f.poll <= 0 {
 		// Each comparison lists every VolumeAttachment and node: at 100,000
 		// volumes, every 100 ms would take a good part of a core from the
 		// apiserver.
 		f.poll = 100 * time.Millisecond
-		if size[0]*size[1] >= 50000 {
+		if size.nodes*size.podsPerNode >= 50000 {
 			f.poll = 500 * time.Millisecond
 		}
 	}
@@ -144,8 +172,10 @@ func run(f flags) error {
 		}
 	}
 	cfg := bench.Config{
-		Size: f.size, Nodes: size[0], PodsPerNode: size[1],
+		Size: f.size, Nodes: size.nodes, PodsPerNode: size.podsPerNode,
 		QPS: float32(f.qps), Burst: f.burst, ChurnRounds: f.rounds,
+		MoveVolumes: f.moveVolumes, MoveBurst: size.moveBurst, AttachDelay: f.attachDelay,
+		StreamTeardown: size.streamTeardown, StreamRate: f.streamRate,
 		Idle: f.idle, Quiet: f.quiet, MaxSettle: f.maxSettle,
 		TimeoutFactor: f.timeoutFactor, MinTimeout: f.minTimeout, Poll: f.poll,
 		Driver: "bench.csi.example.com", WorkDir: f.workDir, LastPhase: f.lastPhase,
@@ -298,7 +328,7 @@ func runAll(ctx context.Context, binDir string, cfg bench.Config, ctrls []bench.
 	defer observer.Stop()
 	defer cancel()
 
-	env := &bench.Env{Cluster: cluster, Client: setup, Observer: observer, AuditLog: auditLog, Config: cfg}
+	env := &bench.Env{Cluster: cluster, Client: setup, Observer: observer, Attacher: attacher, AuditLog: auditLog, Config: cfg}
 	var results []*bench.Result
 	for i, c := range ctrls {
 		if err := ctx.Err(); err != nil {

@@ -48,7 +48,8 @@ func notes(cfg bench.Config, ctrls []bench.Controller) []string {
 			"Phases are contiguous: requests made during the pause after a phase count for that phase. kube-controller-manager posts its events with its rate-limited client; " +
 			"ours uses a client of its own for events. Writes exclude events; the breakdown lists them.",
 		"A test external-attacher in the harness (unthrottled client) adds its finalizer and the node-id annotation, then sets `status.attached`; " +
-			"on deletion it removes its finalizer. No kubelet runs: `volumesInUse` stays empty, so every detach is allowed at once. Nodes carry a kubelet-like status " +
+			"on deletion it removes its finalizer; it attaches at once but in the move phase, where each attach takes " + cfg.AttachDelay.String() + " (a driver's ControllerPublishVolume). " +
+			"No kubelet runs: `volumesInUse` stays empty, so every detach is allowed at once, but for the move phase's moved volumes, which the harness lists there as their kubelet would. Nodes carry a kubelet-like status " +
 			"(capacity, addresses, 10 images); pods have one container and one claim.",
 		fmt.Sprintf("Times are measured by the harness's own informers, compared every %s, from the first pod write of the phase. ", cfg.Poll) +
 			"burst: all pods created at once (32 in flight); \"half the volumes in node.status\" is when half the burst's volumes are first listed in their node's status " +
@@ -58,6 +59,15 @@ func notes(cfg bench.Config, ctrls []bench.Controller) []string {
 			"\"a new pod's VolumeAttachment attached\" and \"that volume in node.status too\" are its wait, from the pod's creation, while every other volume detaches " +
 			"(an attach queued behind the detaches would wait about as long as \"every VolumeAttachment gone\"); the teardown's other milestones count that volume as expected " +
 			"(its VolumeAttachment stays, the canary node's status lists it), and its writes are listed apart. " +
+			fmt.Sprintf("move (after churn, everything attached): %d of the workload's volumes, on different nodes, are listed in their node's `status.volumesInUse` (mounted) before the clock starts; "+
+				"then the harness creates a burst of %d new pods, each with a volume of its own (bound PVs and claims made before), spread over the nodes, and right after it moves each of those volumes to the next node as a StatefulSet moves a pod: "+
+				"old pod deleted, the volume dropped from the old node's `volumesInUse` (a merge patch of that field, as its kubelet writes it on unmount), new pod created with the same claim on the next node. "+
+				"A move's time runs from that unmount write's answer to the first comparison that finds the volume in the new node's `status.volumesAttached`; the target is %s plus the attacher's delay. "+
+				"The burst's pods are then deleted and their volumes detached (those writes count for the phase). ", cfg.MoveVolumes, cfg.MoveBurst, bench.MoveTarget) +
+			fmt.Sprintf("stream (after move): %d volumes, spread over the nodes, attached; all their pods deleted at once, until every VolumeAttachment of the set is gone (\"alone\"); "+
+				"then attached again and torn down again while the harness creates new pods, each with a volume of its own, %g a second from the first deletion until the set is gone "+
+				"(\"under the stream\"; the stream's VolumeAttachments do not count as left over). Target: under the stream at most %.1f times alone. "+
+				"A stream pod's wait runs from its creation until its volume is in its node's status. The stream's pods are then deleted and their volumes detached. ", cfg.StreamTeardown, cfg.StreamRate, bench.StreamTarget) +
 			"restart (after idle, everything attached): SIGTERM, then the same command again; right after the new process starts the harness creates one more volume " +
 			"(bound PV and claim) and a pod using it on the canary node; ready = ours' /readyz answers 200 (state rebuilt, workers started), " +
 			"kube-controller-manager's log says \"Caches are synced\" (it serves no /readyz with --secure-port=0; it rebuilds its state after that line, so this is earlier in its start than ours); " +
@@ -69,7 +79,8 @@ func notes(cfg bench.Config, ctrls []bench.Controller) []string {
 		fmt.Sprintf("API floor = (W − burst) / QPS with QPS=%g, burst=%d, W the writes no controller can avoid: burst VolumeAttachments: V creates; "+
 			"burst node status: V creates + N node status patches; churn round moving v volumes across n nodes: v deletes + v creates + n status patches "+
 			"(a controller that writes each change at once needs 2n: withdraw before the detach, report after the attach; the row \"against the floor of writing each change at once\" uses 2n); "+
-			"teardown: V deletes + N status patches. V volumes, N nodes. Each is a lower bound, not a target a correct controller always reaches.", cfg.QPS, cfg.Burst),
+			"teardown: V deletes + N status patches, the stream phase's teardowns too (its stream's pods, if served as they come, take a share of the budget the floor leaves to the teardown). "+
+			"V volumes, N nodes. Each is a lower bound, not a target a correct controller always reaches.", cfg.QPS, cfg.Burst),
 		fmt.Sprintf("CPU = utime+stime of the controller process from /proc/PID/stat (USER_HZ=100); RSS = VmRSS, peak = VmHWM from /proc/PID/status "+
 			"(the run's peak: the higher of the process stopped by the restart and the one started by it). "+
 			"Idle: %s with nothing changing, once the controller is quiet after the burst.", cfg.Idle),
