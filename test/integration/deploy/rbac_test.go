@@ -1,11 +1,13 @@
 package deploy
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
 
 	rbacv1 "k8s.io/api/rbac/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -77,6 +79,10 @@ func TestLeastPrivilege(t *testing.T) {
 	}
 
 	requests := controllerRequests(t, offset)
+
+	// A VolumeAttachment of a node deleted while no controller ran: the
+	// next start asks the API whether the node it names is gone.
+	s.createAttachmentOnGoneNode(v)
 
 	// Informers stream their initial list through a watch where the API
 	// server can, and LIST where it can't: the same start with streaming
@@ -288,4 +294,30 @@ func installCSINodeInfoCRD(t *testing.T, r *rendered) {
 	if err := waitEstablished("csinodeinfos.csi.storage.k8s.io"); err != nil {
 		t.Fatalf("wait for the CSINodeInfo CRD: %v", err)
 	}
+}
+
+// createAttachmentOnGoneNode creates, for v's volume, an attached
+// VolumeAttachment on a node that does not exist, deleted when the test
+// ends.
+func (s *scene) createAttachmentOnGoneNode(v volume) {
+	s.t.Helper()
+	pvc, err := s.client.CoreV1().PersistentVolumeClaims(s.ns).Get(s.ctx, v.name, metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	node := s.ns + "-gone"
+	pv := pvc.Spec.VolumeName
+	va := &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: framework.VolumeAttachmentName(v.handle, s.driver, node)},
+		Spec: storagev1.VolumeAttachmentSpec{Attacher: s.driver, NodeName: node,
+			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pv}},
+	}
+	if _, err := s.client.StorageV1().VolumeAttachments().Create(s.ctx, va, metav1.CreateOptions{}); err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() {
+		if err := s.client.StorageV1().VolumeAttachments().Delete(context.Background(), va.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			s.t.Errorf("delete VolumeAttachment %s: %v", va.Name, err)
+		}
+	})
 }
