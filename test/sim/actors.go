@@ -159,6 +159,19 @@ func (s *Sim) createClaim(pvName string) {
 	s.w.update(rPVs, pv)
 }
 
+// boundNow reports whether the pod's claim and PV exist and are bound to
+// each other now: what a kubelet's volume manager reads before it attaches
+// or mounts a volume (a claim gone, or created again and not bound yet,
+// names no volume it can mount).
+func (s *Sim) boundNow(p *v1.Pod) bool {
+	c, o := s.w.get(rPVCs, ns+"/c-"+podPV(p)), s.w.get(rPVs, podPV(p))
+	if c == nil || o == nil {
+		return false
+	}
+	ref := o.(*v1.PersistentVolume).Spec.ClaimRef
+	return ref != nil && ref.UID == c.GetUID()
+}
+
 // live reports whether a pod has not terminated (upstream IsPodTerminated,
 // negated), as the checker understands it.
 func live(p *v1.Pod) bool {
@@ -337,7 +350,7 @@ func (s *Sim) kubeletAttaches(n *v1.Node) []func() {
 	}
 	uses := map[string]bool{}
 	for _, o := range s.w.list(rPods) {
-		if p := o.(*v1.Pod); p.Spec.NodeName == n.Name && live(p) && s.resolved(p) {
+		if p := o.(*v1.Pod); p.Spec.NodeName == n.Name && live(p) && s.resolved(p) && s.boundNow(p) {
 			uses[podPV(p)] = true
 		}
 	}
