@@ -279,6 +279,14 @@ func (o *Observer) WatchListed(ctx context.Context, ls []Listing) (stop func() [
 	return func() []time.Time {
 		cancel()
 		<-done
+		// The last listings may have come after the last poll: the
+		// phase's own wait, which ended it, saw them first.
+		now := time.Now()
+		for i, l := range ls {
+			if seen[i].IsZero() && o.listed(l) {
+				seen[i] = now
+			}
+		}
 		return seen
 	}
 }
