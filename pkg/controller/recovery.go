@@ -142,7 +142,7 @@ func (c *Controller) BeginRecovery(ctx context.Context) (*Recovery, error) {
 	// one by one would find a healthy zone disrupted ("3 of 3 not ready"),
 	// and its recovery would restart its nodes' max wait.
 	c.rebuilding = false
-	c.checkZones(ctx, "")
+	c.checkZones(ctx, zonesKey)
 	attachments := 0
 	for _, n := range c.actual.Stats() {
 		attachments += n
