@@ -31,6 +31,10 @@ type DesiredState struct {
 	counts  map[string]*entryCounts
 	counted map[string]bool
 	totals  entryCounts
+	// waited holds, by node, the desired single-node volumes that waited
+	// for their detach from another node (MarkWaited): moves, until no pod
+	// on the node wants the volume.
+	waited map[string]map[volume.Name]struct{}
 	// partial: not every pod has been read since the controller started
 	// (SetPartial), so a volume no pod wants here may yet be wanted by a
 	// pod not read so far.
@@ -316,6 +320,7 @@ func (d *DesiredState) removeLocked(pod PodRef, node string, s *volume.Spec) {
 		}
 		if len(e.pods) == 0 {
 			delete(d.entries, k)
+			d.unmarkLocked(k)
 			d.setSpecLocked(node, e, nil)
 			d.countLocked(node, volume.MetricPluginName(k.Volume), -1, 0)
 		}
@@ -369,6 +374,73 @@ func (d *DesiredState) Wanted(k Key) bool {
 	defer d.mu.RUnlock()
 	u := d.names[k.Volume]
 	return u.wantedOn(k.Node)
+}
+
+// MarkWaited records that the volume desired at k waited for its detach
+// from another node: the pods that want it wait for a move. It lasts as
+// long as the desired entry; nothing when there is none.
+func (d *DesiredState) MarkWaited(k Key) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.entries[k]; !ok {
+		return
+	}
+	if d.waited == nil {
+		d.waited = map[string]map[volume.Name]struct{}{}
+	}
+	vols := d.waited[k.Node]
+	if vols == nil {
+		vols = map[volume.Name]struct{}{}
+		d.waited[k.Node] = vols
+	}
+	vols[k.Volume] = struct{}{}
+}
+
+func (d *DesiredState) unmarkLocked(k Key) {
+	vols, ok := d.waited[k.Node]
+	if !ok {
+		return
+	}
+	delete(vols, k.Volume)
+	if len(vols) == 0 {
+		delete(d.waited, k.Node)
+	}
+}
+
+// Waited reports whether the volume desired at k waited for its detach
+// from another node (MarkWaited).
+func (d *DesiredState) Waited(k Key) bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	_, ok := d.waited[k.Node][k.Volume]
+	return ok
+}
+
+// WaitedOn returns the keys on node that waited for their detach from
+// another node (MarkWaited).
+func (d *DesiredState) WaitedOn(node string) []Key {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	vols := d.waited[node]
+	if len(vols) == 0 {
+		return nil
+	}
+	keys := make([]Key, 0, len(vols))
+	for v := range vols {
+		keys = append(keys, Key{Volume: v, Node: node})
+	}
+	return keys
+}
+
+// Spec returns the spec of the volume desired under k's name on k's node.
+func (d *DesiredState) Spec(k Key) (*volume.Spec, bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	e, ok := d.entries[k]
+	if !ok {
+		return nil, false
+	}
+	return e.spec, true
 }
 
 // KeysFor returns the desired keys of the volume that name names, as its

@@ -362,18 +362,16 @@ func (c *Controller) newQueues() error {
 				workqueue.TypedRateLimitingQueueConfig[string]{Name: name, MetricsProvider: queueMetrics})
 		}
 		cfg.NewKeyQueue = func(name string) workqueue.TypedRateLimitingInterface[cache.Key] {
-			// First (priority.go) a key some pod waits for: its attach,
-			// or the detach a move waits for.
-			return prioritized(name, queueMetrics, cfg.RateLimiter(), func(k cache.Key) bool { return c.reconciler.Urgent(k) })
+			// By rank (priority.go, Reconciler.Rank): first a move's
+			// steps, then new attaches, then the rest.
+			return prioritized(name, queueMetrics, cfg.RateLimiter(), func(k cache.Key) int { return c.reconciler.Rank(k) })
 		}
 		newQueue := cfg.NewQueue
 		cfg.NewQueue = func(name string) workqueue.TypedRateLimitingInterface[string] {
 			if name == QueueNodeStatus {
-				// Writes that add volumes first, and those that take out
-				// a volume a move waits for: pods wait for them.
-				return prioritized(name, queueMetrics, cfg.NodeRateLimiter(), func(node string) bool {
-					return c.status.Adds(node) || c.reconciler.AwaitedOn(node)
-				})
+				// A move's writes first, then those that add volumes:
+				// pods wait for them (Reconciler.NodeRank).
+				return prioritized(name, queueMetrics, cfg.NodeRateLimiter(), func(node string) int { return c.reconciler.NodeRank(node) })
 			}
 			return newQueue(name)
 		}

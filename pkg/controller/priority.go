@@ -2,45 +2,59 @@ package controller
 
 import (
 	"k8s.io/client-go/util/workqueue"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/budget"
 )
 
-// priorityQueue is the storage of a work queue that hands out first the
-// items urgent says are urgent when they are added (or added again): a new
-// pod's attach, and its node's status write, do not wait behind a teardown
-// of every other volume. Items of one rank go first in, first out. A
-// detach waits while attaches keep coming; each attach is one quick sync.
+// ranks is how many ranks a priorityQueue has: budget.Move, budget.Attach,
+// budget.Other.
+const ranks = budget.Other + 1
+
+// priorityQueue is the storage of a work queue that hands out items by the
+// rank rank gives them when they are added (or added again), the lowest
+// first: a moved volume's steps go before a burst of new attaches, and a
+// new pod's attach, and its node's status write, do not wait behind a
+// teardown of every other volume. Items of one rank go first in, first
+// out. A detach waits while attaches keep coming; each attach is one quick
+// sync.
 type priorityQueue[T comparable] struct {
-	urgent func(T) bool
-	// lists[0] holds the urgent items, lists[1] the others; rank says
-	// which list an item is in, and an entry of the other list is stale.
-	lists [2][]T
-	rank  map[T]int
+	rank func(T) int
+	// lists[r] holds the items of rank r; at says which list an item is
+	// in, and an entry of another list is stale.
+	lists [ranks][]T
+	at    map[T]int
 }
 
 var _ workqueue.Queue[string] = (*priorityQueue[string])(nil)
 
-func newPriorityQueue[T comparable](urgent func(T) bool) *priorityQueue[T] {
-	return &priorityQueue[T]{urgent: urgent, rank: map[T]int{}}
+func newPriorityQueue[T comparable](rank func(T) int) *priorityQueue[T] {
+	return &priorityQueue[T]{rank: rank, at: map[T]int{}}
+}
+
+// rankOf is rank's answer, within the ranks there are.
+func (q *priorityQueue[T]) rankOf(item T) int {
+	return min(max(q.rank(item), 0), ranks-1)
 }
 
 func (q *priorityQueue[T]) Push(item T) {
-	r := 1
-	if q.urgent(item) {
-		r = 0
-	}
+	r := q.rankOf(item)
 	q.lists[r] = append(q.lists[r], item)
-	q.rank[item] = r
+	q.at[item] = r
 }
 
-// Touch moves an item added again ahead, when it has become urgent.
+// Touch moves an item added again ahead, when its rank has risen.
 func (q *priorityQueue[T]) Touch(item T) {
-	if r, ok := q.rank[item]; ok && r == 1 && q.urgent(item) {
-		q.lists[0] = append(q.lists[0], item)
-		q.rank[item] = 0
+	cur, ok := q.at[item]
+	if !ok {
+		return
+	}
+	if r := q.rankOf(item); r < cur {
+		q.lists[r] = append(q.lists[r], item)
+		q.at[item] = r
 	}
 }
 
-func (q *priorityQueue[T]) Len() int { return len(q.rank) }
+func (q *priorityQueue[T]) Len() int { return len(q.at) }
 
 // Pop is called only when Len is not 0.
 func (q *priorityQueue[T]) Pop() T {
@@ -50,8 +64,8 @@ func (q *priorityQueue[T]) Pop() T {
 			item := q.lists[r][0]
 			q.lists[r][0] = zero
 			q.lists[r] = q.lists[r][1:]
-			if cur, ok := q.rank[item]; ok && cur == r {
-				delete(q.rank, item)
+			if cur, ok := q.at[item]; ok && cur == r {
+				delete(q.at, item)
 				return item
 			}
 		}
@@ -60,10 +74,10 @@ func (q *priorityQueue[T]) Pop() T {
 }
 
 // prioritized returns a rate-limited work queue whose storage hands out
-// first the items urgent says are urgent.
+// items by rank, the lowest first.
 func prioritized[T comparable](name string, provider workqueue.MetricsProvider, limiter workqueue.TypedRateLimiter[T],
-	urgent func(T) bool) workqueue.TypedRateLimitingInterface[T] {
-	q := workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[T]{Name: name, MetricsProvider: provider, Queue: newPriorityQueue(urgent)})
+	rank func(T) int) workqueue.TypedRateLimitingInterface[T] {
+	q := workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[T]{Name: name, MetricsProvider: provider, Queue: newPriorityQueue(rank)})
 	delaying := workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[T]{Name: name, MetricsProvider: provider, Queue: q})
 	return workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[T]{Name: name, DelayingQueue: delaying})
 }

@@ -7,6 +7,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
+	"github.com/kube-attach/attach-detach-controller/pkg/budget"
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 )
 
@@ -46,9 +47,9 @@ func (c *Controller) Process(ctx context.Context, queue string) bool {
 	case QueueVolumeAttachments:
 		return process(ctx, c.attachmentQueue, keyKV("volumeAttachment"), c.syncAttachment, &c.observing)
 	case QueueNodeStatus:
-		return process(ctx, c.statusQueue, keyKV("node"), c.syncNodeStatus, &c.observing)
+		return process(ctx, c.statusQueue, keyKV("node"), ranked(func(node string) int { return c.reconciler.NodeRank(node) }, c.syncNodeStatus), &c.observing)
 	case QueueVolumes:
-		return process(ctx, c.volumeQueue, volumeKV, c.syncKey, nil)
+		return process(ctx, c.volumeQueue, volumeKV, ranked(func(k cache.Key) int { return c.reconciler.Rank(k) }, c.syncKey), nil)
 	}
 	panic("unknown queue " + queue)
 }
@@ -64,6 +65,14 @@ func (c *Controller) syncKey(ctx context.Context, k cache.Key) error {
 		c.nodeQueue.Add(k.Node)
 	}
 	return err
+}
+
+// ranked makes sync's API requests wait for the budget (budget.Limiter) at
+// the rank of their item, as the queue handed it out.
+func ranked[T comparable](rank func(T) int, sync func(context.Context, T) error) func(context.Context, T) error {
+	return func(ctx context.Context, item T) error {
+		return sync(budget.WithPriority(ctx, rank(item)), item)
+	}
 }
 
 func volumeKV(k cache.Key) []any { return []any{"volume", k.Volume, "node", k.Node} }

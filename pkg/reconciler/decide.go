@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kube-attach/attach-detach-controller/pkg/budget"
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
@@ -204,14 +205,45 @@ func (r *Reconciler) Wanted(k cache.Key) bool {
 	return r.desired.Wanted(k)
 }
 
-// Urgent reports whether a pod waits for the key: one wants the volume
-// here (an attach), or one wants elsewhere the single-node volume this key
-// holds, and waits for its detach (a move). The queues hand urgent keys
-// out first, so that a move waits behind no unrelated work: the urgency of
-// the waiting pod reaches the detach it waits for, for as long as it waits,
-// derived from both states at each add, never recorded.
-func (r *Reconciler) Urgent(k cache.Key) bool {
-	return r.Wanted(k) || r.awaited(k)
+// Rank says how soon the key's work is wanted, as the queues hand it out
+// and the API budget serves its requests (budget.Move first, then
+// budget.Attach, then budget.Other):
+//
+//   - budget.Move: a pod waits for a volume that changes nodes: the detach
+//     of the single-node volume at k that a pod on another node wants
+//     (awaited), or, at the new node, its attach and announcement until the
+//     node's status lists it (moving). A move goes before a burst of new
+//     attaches: its pod was running, and each of its steps would otherwise
+//     queue behind the whole burst again.
+//   - budget.Attach: a pod wants the volume here (a new attach).
+//   - budget.Other: no pod waits (a teardown).
+//
+// The urgency of the waiting pod reaches every key it waits for, for as
+// long as it waits, derived from both states at each add; the one fact
+// kept, that the key waited for a detach elsewhere (MarkWaited), lasts as
+// long as its pods want the volume.
+func (r *Reconciler) Rank(k cache.Key) int {
+	if r.Wanted(k) {
+		if r.moving(k) {
+			return budget.Move
+		}
+		return budget.Attach
+	}
+	if r.awaited(k) {
+		return budget.Move
+	}
+	return budget.Other
+}
+
+// moving reports whether the single-node volume desired at k is on its way
+// from another node: still held there, or held there before
+// (DesiredState.Waited), and not listed in k's node status yet.
+func (r *Reconciler) moving(k cache.Key) bool {
+	spec, ok := r.desired.Spec(k)
+	if !ok || !spec.SingleNode || r.status.IsListed(k) {
+		return false
+	}
+	return r.desired.Waited(k) || len(singleNodeAccessConflict(spec, k.Node, r.actual)) > 0
 }
 
 // awaited reports whether the single-node volume attached at k is wanted by
@@ -230,7 +262,7 @@ func (r *Reconciler) awaited(k cache.Key) bool {
 			if w.Node == k.Node {
 				continue
 			}
-			if spec, _, ok := r.desired.Get(w); ok && spec.SingleNode && r.Wanted(w) {
+			if spec, ok := r.desired.Spec(w); ok && spec.SingleNode && r.Wanted(w) {
 				return true
 			}
 		}
@@ -238,16 +270,25 @@ func (r *Reconciler) awaited(k cache.Key) bool {
 	return false
 }
 
-// AwaitedOn reports whether a withdrawn volume on node is awaited
-// elsewhere (Urgent): the write of node's status that takes it out is the
-// first step of a move.
-func (r *Reconciler) AwaitedOn(node string) bool {
+// NodeRank is Rank for the write of node's status: budget.Move when it
+// takes out a volume a pod elsewhere waits for (the first step of a move)
+// or adds a moved one (its last); budget.Attach when it adds a volume;
+// budget.Other otherwise.
+func (r *Reconciler) NodeRank(node string) int {
 	for _, k := range r.actual.WithdrawnOn(node) {
 		if r.awaited(k) {
-			return true
+			return budget.Move
 		}
 	}
-	return false
+	for _, k := range r.desired.WaitedOn(node) {
+		if a, ok := r.actual.Get(k); ok && a.State == cache.Attached && r.moving(k) {
+			return budget.Move
+		}
+	}
+	if r.status.Adds(node) {
+		return budget.Attach
+	}
+	return budget.Other
 }
 
 func (d Decision) with(a Action, format string, args ...any) Decision {

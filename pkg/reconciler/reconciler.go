@@ -238,6 +238,9 @@ func (r *Reconciler) act(ctx context.Context, d Decision, now time.Time, again b
 		return r.attach(ctx, d, now)
 	case Blocked:
 		if len(d.Elsewhere) > 0 {
+			// A move: its pods wait until the volume is listed here
+			// (Rank).
+			r.desired.MarkWaited(k)
 			r.warnWaitingForDetach(d)
 			// The other node's detach re-queues this key.
 			return Result{}, nil

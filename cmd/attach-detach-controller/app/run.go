@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
+	"github.com/kube-attach/attach-detach-controller/pkg/budget"
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/controller"
 	"github.com/kube-attach/attach-detach-controller/pkg/guard"
@@ -108,6 +109,10 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 		controllerConfig = readOnly.Wrap(config)
 		logger.Info("Shadow mode: comparing with the cluster, writing nothing", "gracePeriod", o.ShadowGracePeriod)
 	}
+	// Its budget (--kube-api-qps, --kube-api-burst) serves a move's
+	// requests first, then new attaches', then the rest (pkg/budget).
+	controllerConfig = rest.CopyConfig(controllerConfig)
+	controllerConfig.RateLimiter = budget.New(o.QPS, o.Burst)
 	client, err := kubernetes.NewForConfig(rest.AddUserAgent(controllerConfig, "attach-detach-controller"))
 	if err != nil {
 		return fmt.Errorf("create client: %w", err)

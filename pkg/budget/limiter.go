@@ -1,0 +1,226 @@
+// Package budget is the controller's API budget (--kube-api-qps,
+// --kube-api-burst): a token bucket, as client-go's, whose waiting requests
+// are served by the priority of the work they are for, then in arrival
+// order. A queue that hands out a move's detach before a burst of new
+// attaches gains nothing if the detach's request then waits behind every
+// request the burst's workers already wait with: the priority reaches the
+// budget too.
+package budget
+
+import (
+	"container/heap"
+	"context"
+	"math"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/util/flowcontrol"
+	"k8s.io/utils/clock"
+)
+
+// Priorities: a lower number is served first.
+const (
+	// Move: a pod waits for a volume that changes nodes (its detach on the
+	// old node, the withdrawal from that node's status, its attach on the
+	// new node and the new node's status write).
+	Move = 0
+	// Attach: a pod waits for a new attach or its node's status write.
+	// Requests made with no priority in their context count as this.
+	Attach = 1
+	// Other: no pod waits (a detach no move waits for, a periodic look).
+	Other = 2
+)
+
+type priorityKey struct{}
+
+// WithPriority returns ctx whose requests wait for the budget at priority p.
+func WithPriority(ctx context.Context, p int) context.Context {
+	return context.WithValue(ctx, priorityKey{}, p)
+}
+
+// PriorityOf returns the priority ctx's requests wait at.
+func PriorityOf(ctx context.Context) int {
+	if p, ok := ctx.Value(priorityKey{}).(int); ok {
+		return p
+	}
+	return Attach
+}
+
+// Limiter is a token bucket of qps tokens a second, holding at most burst,
+// full at the start. Wait takes a token at once when one is there and
+// nobody waits; otherwise the waiters take the tokens as they come, the
+// lowest priority number first, then the first to wait.
+type Limiter struct {
+	qps   float64
+	burst float64
+	clock clock.WithDelayedExecution
+
+	mu      sync.Mutex
+	tokens  float64
+	last    time.Time
+	waiters waiters
+	seq     uint64
+	// timer hands the next token out to the first waiter; armed while
+	// somebody waits.
+	timer clock.Timer
+	// due is when the armed timer fires.
+	due time.Time
+}
+
+var _ flowcontrol.RateLimiter = (*Limiter)(nil)
+
+// New returns a Limiter of qps tokens a second and burst at most (at least
+// one).
+func New(qps float32, burst int) *Limiter {
+	return NewWithClock(qps, burst, clock.RealClock{})
+}
+
+// NewWithClock is New on clk.
+func NewWithClock(qps float32, burst int, clk clock.WithDelayedExecution) *Limiter {
+	b := float64(max(burst, 1))
+	return &Limiter{qps: float64(qps), burst: b, clock: clk, tokens: b, last: clk.Now()}
+}
+
+type waiter struct {
+	priority int
+	seq      uint64
+	// granted is closed once the waiter holds its token.
+	granted chan struct{}
+	index   int
+}
+
+type waiters []*waiter
+
+func (w waiters) Len() int { return len(w) }
+func (w waiters) Less(i, j int) bool {
+	if w[i].priority != w[j].priority {
+		return w[i].priority < w[j].priority
+	}
+	return w[i].seq < w[j].seq
+}
+func (w waiters) Swap(i, j int) {
+	w[i], w[j] = w[j], w[i]
+	w[i].index, w[j].index = i, j
+}
+func (w *waiters) Push(x any) {
+	n := x.(*waiter)
+	n.index = len(*w)
+	*w = append(*w, n)
+}
+func (w *waiters) Pop() any {
+	old := *w
+	n := old[len(old)-1]
+	old[len(old)-1] = nil
+	n.index = -1
+	*w = old[:len(old)-1]
+	return n
+}
+
+// refillLocked adds the tokens earned since the last refill.
+func (l *Limiter) refillLocked() {
+	now := l.clock.Now()
+	if d := now.Sub(l.last); d > 0 {
+		l.tokens = min(l.burst, l.tokens+d.Seconds()*l.qps)
+	}
+	l.last = now
+}
+
+// Wait takes a token, waiting for it at ctx's priority (WithPriority); it
+// returns ctx's error, and takes nothing, when ctx is done first.
+func (l *Limiter) Wait(ctx context.Context) error {
+	l.mu.Lock()
+	l.refillLocked()
+	if len(l.waiters) == 0 && l.tokens >= 1 {
+		l.tokens--
+		l.mu.Unlock()
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	w := &waiter{priority: PriorityOf(ctx), seq: l.seq, granted: make(chan struct{})}
+	l.seq++
+	heap.Push(&l.waiters, w)
+	l.grantLocked()
+	l.mu.Unlock()
+
+	select {
+	case <-w.granted:
+		return nil
+	case <-ctx.Done():
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w.index < 0 {
+		// Granted meanwhile: the token goes back, to the next waiter.
+		select {
+		case <-w.granted:
+			l.tokens = min(l.burst, l.tokens+1)
+		default:
+		}
+	} else {
+		heap.Remove(&l.waiters, w.index)
+	}
+	l.grantLocked()
+	return ctx.Err()
+}
+
+// grantLocked hands the tokens there are to the first waiters, and arms the
+// timer for the next token while somebody still waits.
+func (l *Limiter) grantLocked() {
+	l.refillLocked()
+	for len(l.waiters) > 0 && l.tokens >= 1 {
+		w := heap.Pop(&l.waiters).(*waiter)
+		l.tokens--
+		close(w.granted)
+	}
+	if len(l.waiters) == 0 || l.qps <= 0 {
+		return
+	}
+	wait := time.Duration(math.Ceil((1 - l.tokens) / l.qps * float64(time.Second)))
+	due := l.clock.Now().Add(wait)
+	if l.timer != nil && !l.due.After(due) {
+		return
+	}
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	l.due = due
+	l.timer = l.clock.AfterFunc(wait, l.fire)
+}
+
+func (l *Limiter) fire() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.timer = nil
+	l.grantLocked()
+}
+
+// Accept takes a token, waiting as long as it takes.
+func (l *Limiter) Accept() { _ = l.Wait(context.Background()) }
+
+// TryAccept takes a token if one is there and nobody waits.
+func (l *Limiter) TryAccept() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.refillLocked()
+	if len(l.waiters) == 0 && l.tokens >= 1 {
+		l.tokens--
+		return true
+	}
+	return false
+}
+
+// QPS returns the tokens earned a second.
+func (l *Limiter) QPS() float32 { return float32(l.qps) }
+
+// Stop stops the timer; waiters still waiting wait for their context.
+func (l *Limiter) Stop() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
+}
