@@ -8,9 +8,9 @@
 package budget
 
 import (
-	"container/heap"
 	"context"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -49,7 +49,8 @@ func PriorityOf(ctx context.Context) int {
 // Limiter is a token bucket of qps tokens a second, holding at most burst,
 // full at the start. Wait takes a token at once when one is there and
 // nobody waits; otherwise the waiters take the tokens as they come, the
-// lowest priority number first, then the first to wait.
+// lowest priority number first (counting PromoteAfter), then the first to
+// wait.
 type Limiter struct {
 	qps   float64
 	burst float64
@@ -58,7 +59,7 @@ type Limiter struct {
 	mu      sync.Mutex
 	tokens  float64
 	last    time.Time
-	waiters waiters
+	waiters []*waiter
 	seq     uint64
 	// timer hands the next token out to the first waiter; armed while
 	// somebody waits.
@@ -84,36 +85,38 @@ func NewWithClock(qps float32, burst int, clk clock.WithDelayedExecution) *Limit
 type waiter struct {
 	priority int
 	seq      uint64
+	since    time.Time
 	// granted is closed once the waiter holds its token.
 	granted chan struct{}
-	index   int
 }
 
-type waiters []*waiter
+// PromoteAfter is how long a request waits before it is served as one of
+// the next lower priority number (Move at best), and again after each
+// further PromoteAfter: work of every priority keeps going while more
+// urgent work takes the whole budget (a teardown under a stream of new
+// pods), a little later than it would in arrival order.
+const PromoteAfter = 2 * time.Second
 
-func (w waiters) Len() int { return len(w) }
-func (w waiters) Less(i, j int) bool {
-	if w[i].priority != w[j].priority {
-		return w[i].priority < w[j].priority
+// rank is the priority w is served at now.
+func (w *waiter) rank(now time.Time) int {
+	return max(Move, w.priority-int(now.Sub(w.since)/PromoteAfter))
+}
+
+// firstLocked returns the index of the waiter served next: the lowest rank,
+// then the first to wait. A few dozen wait at most (one per worker).
+func (l *Limiter) firstLocked(now time.Time) int {
+	best := 0
+	for i := 1; i < len(l.waiters); i++ {
+		a, b := l.waiters[i], l.waiters[best]
+		if ra, rb := a.rank(now), b.rank(now); ra < rb || (ra == rb && a.seq < b.seq) {
+			best = i
+		}
 	}
-	return w[i].seq < w[j].seq
+	return best
 }
-func (w waiters) Swap(i, j int) {
-	w[i], w[j] = w[j], w[i]
-	w[i].index, w[j].index = i, j
-}
-func (w *waiters) Push(x any) {
-	n := x.(*waiter)
-	n.index = len(*w)
-	*w = append(*w, n)
-}
-func (w *waiters) Pop() any {
-	old := *w
-	n := old[len(old)-1]
-	old[len(old)-1] = nil
-	n.index = -1
-	*w = old[:len(old)-1]
-	return n
+
+func (l *Limiter) removeLocked(i int) {
+	l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
 }
 
 // refillLocked adds the tokens earned since the last refill.
@@ -139,9 +142,9 @@ func (l *Limiter) Wait(ctx context.Context) error {
 		l.mu.Unlock()
 		return err
 	}
-	w := &waiter{priority: PriorityOf(ctx), seq: l.seq, granted: make(chan struct{})}
+	w := &waiter{priority: PriorityOf(ctx), seq: l.seq, since: l.last, granted: make(chan struct{})}
 	l.seq++
-	heap.Push(&l.waiters, w)
+	l.waiters = append(l.waiters, w)
 	l.grantLocked()
 	l.mu.Unlock()
 
@@ -152,15 +155,11 @@ func (l *Limiter) Wait(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if w.index < 0 {
-		// Granted meanwhile: the token goes back, to the next waiter.
-		select {
-		case <-w.granted:
-			l.tokens = min(l.burst, l.tokens+1)
-		default:
-		}
+	if i := slices.Index(l.waiters, w); i >= 0 {
+		l.removeLocked(i)
 	} else {
-		heap.Remove(&l.waiters, w.index)
+		// Granted meanwhile: the token goes back, to the next waiter.
+		l.tokens = min(l.burst, l.tokens+1)
 	}
 	l.grantLocked()
 	return ctx.Err()
@@ -171,7 +170,9 @@ func (l *Limiter) Wait(ctx context.Context) error {
 func (l *Limiter) grantLocked() {
 	l.refillLocked()
 	for len(l.waiters) > 0 && l.tokens >= 1 {
-		w := heap.Pop(&l.waiters).(*waiter)
+		i := l.firstLocked(l.last)
+		w := l.waiters[i]
+		l.removeLocked(i)
 		l.tokens--
 		close(w.granted)
 	}

@@ -147,3 +147,40 @@ func TestLimiterRefill(t *testing.T) {
 		t.Fatal("the bucket held more than its burst")
 	}
 }
+
+// A request that waits PromoteAfter is served as one of the next priority:
+// a teardown keeps going under a stream of new attaches that would take
+// the whole budget.
+func TestLimiterPromotesWhoWaits(t *testing.T) {
+	clk := newClock()
+	l := NewWithClock(1, 1, clk) // a token a second
+	if !l.TryAccept() {
+		t.Fatal("a full bucket refused its first token")
+	}
+	served := make(chan string, 3)
+	wait := func(name string, p int) {
+		go func() {
+			if err := l.Wait(WithPriority(context.Background(), p)); err == nil {
+				served <- name
+			}
+		}()
+	}
+	wait("detach", Other)
+	waitFor(t, l, 1)
+	wait("attach-1", Attach)
+	waitFor(t, l, 2)
+	clk.Step(time.Second)
+	if got := <-served; got != "attach-1" {
+		t.Fatalf("first served %s, want attach-1", got)
+	}
+	wait("attach-2", Attach)
+	waitFor(t, l, 2)
+	clk.Step(time.Second)
+	if got := <-served; got != "detach" {
+		t.Fatalf("after %v served %s, want the detach that waited that long", PromoteAfter, got)
+	}
+	clk.Step(time.Second)
+	if got := <-served; got != "attach-2" {
+		t.Fatalf("then served %s, want attach-2", got)
+	}
+}

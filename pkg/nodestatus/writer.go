@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/kube-attach/attach-detach-controller/pkg/budget"
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 )
 
@@ -49,8 +50,15 @@ func NewWriter(client kubernetes.Interface, record *Record, setNode func(context
 // reported flag changed, for the caller to re-queue (a withdrawn volume may
 // now be detached), or, when the write waits for other attaches on the node,
 // how long until the caller syncs the node again.
+//
+// A write of a move (ctx's budget.Move priority: a pod waits for the volume
+// that changes nodes) waits for nothing.
 func (w *Writer) Sync(ctx context.Context, node string) (keys []cache.Key, after time.Duration, err error) {
-	if after := w.record.Hold(node, w.Clock.Now(), w.Hold); after > 0 {
+	hold := w.Hold
+	if budget.PriorityOf(ctx) == budget.Move {
+		hold = 0
+	}
+	if after := w.record.Hold(node, w.Clock.Now(), hold); after > 0 {
 		klog.FromContext(ctx).V(4).Info("Node status write waits for the attaches under way on the node", "for", after)
 		return nil, after, nil
 	}

@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/kube-attach/attach-detach-controller/pkg/budget"
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
@@ -406,4 +407,26 @@ func TestPatch(t *testing.T) {
 // UID.
 func testFacts(n *v1.Node) cache.NodeInfo {
 	return cache.NodeInfo{Exists: true, Managed: true, Ready: true, ResourceVersion: n.ResourceVersion, UID: string(n.UID)}
+}
+
+// A write of a move (budget.Move) waits for no other attach on the node: a
+// pod waits for the volume that changed nodes.
+func TestWriterSyncMoveHoldsNothing(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	f := newFixture(t, []*v1.Node{{ObjectMeta: metav1.ObjectMeta{Name: node}}}, []cache.Attachment{
+		{Key: key(volA), State: cache.Attached},
+		{Key: key(volB), State: cache.Uncertain},
+	}, nil, nil)
+	f.writer.Hold, f.writer.Clock = time.Second, clocktesting.NewFakePassiveClock(t0)
+	_, ctx := ktesting.NewTestContext(t)
+	keys, after, err := f.writer.Sync(budget.WithPriority(ctx, budget.Move), node)
+	if err != nil || after != 0 {
+		t.Fatalf("Sync of a move = %v, %v; want a write now", after, err)
+	}
+	if !reflect.DeepEqual(keys, []cache.Key{key(volA)}) {
+		t.Errorf("keys %v, want %s (now reported)", keys, volA)
+	}
+	if actions := f.client.Actions(); len(actions) != 1 {
+		t.Fatalf("API calls %v, want one patch", actions)
+	}
 }
