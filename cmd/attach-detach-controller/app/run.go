@@ -111,9 +111,11 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 	}
 	// Its budget (--kube-api-qps, --kube-api-burst) serves a move's
 	// requests first, then new attaches', then the rest (pkg/budget).
-	controllerConfig = rest.CopyConfig(controllerConfig)
-	controllerConfig.RateLimiter = budget.New(o.QPS, o.Burst)
-	client, err := kubernetes.NewForConfig(rest.AddUserAgent(controllerConfig, "attach-detach-controller"))
+	// The event broadcaster and the dynamic client keep budgets of their
+	// own, as before (newController).
+	clientConfig := rest.CopyConfig(controllerConfig)
+	clientConfig.RateLimiter = budget.New(o.QPS, o.Burst)
+	client, err := kubernetes.NewForConfig(rest.AddUserAgent(clientConfig, "attach-detach-controller"))
 	if err != nil {
 		return fmt.Errorf("create client: %w", err)
 	}
