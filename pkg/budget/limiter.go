@@ -35,15 +35,27 @@ type priorityKey struct{}
 
 // WithPriority returns ctx whose requests wait for the budget at priority p.
 func WithPriority(ctx context.Context, p int) context.Context {
+	return WithPriorityFunc(ctx, func() int { return p })
+}
+
+// WithPriorityFunc returns ctx whose requests wait for the budget at the
+// priority p says, asked again each time a token is handed out: the work
+// a request is for may become more urgent while it waits (a pod comes to
+// wait for it).
+func WithPriorityFunc(ctx context.Context, p func() int) context.Context {
 	return context.WithValue(ctx, priorityKey{}, p)
 }
 
-// PriorityOf returns the priority ctx's requests wait at.
+// PriorityOf returns the priority ctx's requests wait at now.
 func PriorityOf(ctx context.Context) int {
-	if p, ok := ctx.Value(priorityKey{}).(int); ok {
+	return priorityFunc(ctx)()
+}
+
+func priorityFunc(ctx context.Context) func() int {
+	if p, ok := ctx.Value(priorityKey{}).(func() int); ok {
 		return p
 	}
-	return Attach
+	return func() int { return Attach }
 }
 
 // Limiter is a token bucket of qps tokens a second, holding at most burst,
@@ -83,7 +95,7 @@ func NewWithClock(qps float32, burst int, clk clock.WithDelayedExecution) *Limit
 }
 
 type waiter struct {
-	priority int
+	priority func() int
 	seq      uint64
 	since    time.Time
 	// granted is closed once the waiter holds its token.
@@ -95,21 +107,20 @@ type waiter struct {
 // further PromoteAfter: work of every priority keeps going while more
 // urgent work takes the whole budget (a teardown under a stream of new
 // pods), a little later than it would in arrival order.
-const PromoteAfter = 2 * time.Second
+const PromoteAfter = time.Second
 
 // rank is the priority w is served at now.
 func (w *waiter) rank(now time.Time) int {
-	return max(Move, w.priority-int(now.Sub(w.since)/PromoteAfter))
+	return max(Move, w.priority()-int(now.Sub(w.since)/PromoteAfter))
 }
 
 // firstLocked returns the index of the waiter served next: the lowest rank,
 // then the first to wait. A few dozen wait at most (one per worker).
 func (l *Limiter) firstLocked(now time.Time) int {
-	best := 0
+	best, bestRank := 0, l.waiters[0].rank(now)
 	for i := 1; i < len(l.waiters); i++ {
-		a, b := l.waiters[i], l.waiters[best]
-		if ra, rb := a.rank(now), b.rank(now); ra < rb || (ra == rb && a.seq < b.seq) {
-			best = i
+		if r := l.waiters[i].rank(now); r < bestRank || (r == bestRank && l.waiters[i].seq < l.waiters[best].seq) {
+			best, bestRank = i, r
 		}
 	}
 	return best
@@ -128,9 +139,14 @@ func (l *Limiter) refillLocked() {
 	l.last = now
 }
 
-// Wait takes a token, waiting for it at ctx's priority (WithPriority); it
-// returns ctx's error, and takes nothing, when ctx is done first.
+// Wait takes a token, waiting for it at ctx's priority (WithPriority,
+// WithPriorityFunc: asked under the Limiter's lock, so it must not wait
+// for the Limiter); it returns ctx's error, and takes nothing, when ctx is
+// done first.
 func (l *Limiter) Wait(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	l.mu.Lock()
 	l.refillLocked()
 	if len(l.waiters) == 0 && l.tokens >= 1 {
@@ -138,11 +154,7 @@ func (l *Limiter) Wait(ctx context.Context) error {
 		l.mu.Unlock()
 		return nil
 	}
-	if err := ctx.Err(); err != nil {
-		l.mu.Unlock()
-		return err
-	}
-	w := &waiter{priority: PriorityOf(ctx), seq: l.seq, since: l.last, granted: make(chan struct{})}
+	w := &waiter{priority: priorityFunc(ctx), seq: l.seq, since: l.last, granted: make(chan struct{})}
 	l.seq++
 	l.waiters = append(l.waiters, w)
 	l.grantLocked()

@@ -153,7 +153,8 @@ func TestLimiterRefill(t *testing.T) {
 // the whole budget.
 func TestLimiterPromotesWhoWaits(t *testing.T) {
 	clk := newClock()
-	l := NewWithClock(1, 1, clk) // a token a second
+	tick := PromoteAfter / 2
+	l := NewWithClock(float32(time.Second)/float32(tick), 1, clk) // a token every tick
 	if !l.TryAccept() {
 		t.Fatal("a full bucket refused its first token")
 	}
@@ -169,17 +170,17 @@ func TestLimiterPromotesWhoWaits(t *testing.T) {
 	waitFor(t, l, 1)
 	wait("attach-1", Attach)
 	waitFor(t, l, 2)
-	clk.Step(time.Second)
+	clk.Step(tick)
 	if got := <-served; got != "attach-1" {
 		t.Fatalf("first served %s, want attach-1", got)
 	}
 	wait("attach-2", Attach)
 	waitFor(t, l, 2)
-	clk.Step(time.Second)
+	clk.Step(tick)
 	if got := <-served; got != "detach" {
 		t.Fatalf("after %v served %s, want the detach that waited that long", PromoteAfter, got)
 	}
-	clk.Step(time.Second)
+	clk.Step(tick)
 	if got := <-served; got != "attach-2" {
 		t.Fatalf("then served %s, want attach-2", got)
 	}

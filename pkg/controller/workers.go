@@ -68,10 +68,11 @@ func (c *Controller) syncKey(ctx context.Context, k cache.Key) error {
 }
 
 // ranked makes sync's API requests wait for the budget (budget.Limiter) at
-// the rank of their item, as the queue handed it out.
+// the rank of their item, asked again as they wait: a withdrawal taken at
+// Other becomes a move's first step when a pod comes to wait for it.
 func ranked[T comparable](rank func(T) int, sync func(context.Context, T) error) func(context.Context, T) error {
 	return func(ctx context.Context, item T) error {
-		return sync(budget.WithPriority(ctx, rank(item)), item)
+		return sync(budget.WithPriorityFunc(ctx, func() int { return rank(item) }), item)
 	}
 }
 
@@ -112,6 +113,9 @@ func (c *Controller) syncVolume(ctx context.Context, k cache.Key) error {
 	}
 	if res.WriteNodeStatus {
 		c.statusQueue.Add(k.Node)
+	}
+	for _, node := range res.Awaited {
+		c.statusQueue.Add(node)
 	}
 	if res.RequeueAfter > 0 {
 		c.volumeQueue.AddAfter(k, res.RequeueAfter)

@@ -250,7 +250,9 @@ func (r *Reconciler) moving(k cache.Key) bool {
 // a pod on another node, under any of its names.
 func (r *Reconciler) awaited(k cache.Key) bool {
 	a, ok := r.actual.Get(k)
-	if !ok {
+	if !ok || (a.Spec != nil && !a.Spec.SingleNode) {
+		// A volume several nodes share waits for no detach: its pods
+		// elsewhere (a DaemonSet's, on every node) are not read.
 		return false
 	}
 	names := []volume.Name{k.Volume}

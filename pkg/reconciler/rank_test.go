@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -108,8 +109,12 @@ func TestRankThroughAMove(t *testing.T) {
 		}
 	}
 	step("held on the old node", budget.Move, budget.Move, budget.Other, budget.Other)
-	if _, err := e.r.Sync(ctx, moved); err != nil {
+	res, err := e.r.Sync(ctx, moved)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if !slices.Equal(res.Awaited, []string{node1}) {
+		t.Errorf("the blocked key awaits %v, want [%s]: the old node's write, queued before anybody waited, is ranked anew", res.Awaited, node1)
 	}
 	if !e.desired.Waited(moved) {
 		t.Fatal("a key that found its volume held elsewhere is not marked")

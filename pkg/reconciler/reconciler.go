@@ -103,6 +103,10 @@ type Result struct {
 	// Wake lists keys to sync again: they found the volume busy while this
 	// call held it.
 	Wake []cache.Key
+	// Awaited lists the nodes whose status write the key now waits for (a
+	// move's withdrawal from the node holding the volume): queued again,
+	// a write queued before anybody waited for it is ranked anew (Rank).
+	Awaited []string
 }
 
 // Reconciler drives the actual state towards the desired state.
@@ -243,7 +247,11 @@ func (r *Reconciler) act(ctx context.Context, d Decision, now time.Time, again b
 			r.desired.MarkWaited(k)
 			r.warnWaitingForDetach(d)
 			// The other node's detach re-queues this key.
-			return Result{}, nil
+			var res Result
+			for _, e := range d.Elsewhere {
+				res.Awaited = append(res.Awaited, e.Node)
+			}
+			return res, nil
 		}
 		// The mechanism is undecided: retry with backoff; the arrival of the
 		// node's information re-queues the key at once.

@@ -314,6 +314,11 @@ func newBroadcaster(ctx context.Context, o *Options, config *rest.Config) (recor
 	}
 	// Events have a client, and so a rate limiter, of their own: posting
 	// them must not slow attaches down.
+	// A budget of its own, whatever config carries (rest.CopyConfig
+	// copies a RateLimiter's pointer): events take no token from the
+	// controller's requests.
+	config = rest.CopyConfig(config)
+	config.RateLimiter = nil
 	eventClient, err := kubernetes.NewForConfig(rest.AddUserAgent(config, "attach-detach-controller-events"))
 	if err != nil {
 		broadcaster.Shutdown()

@@ -28,10 +28,10 @@ func poll(t *testing.T, what string, cond func() bool) {
 // the burst's volume workers keep the budget busy at Attach (each VA
 // create, 10 workers, as long as the burst lasts: 1,000 pods at qps 20 is
 // 50 s), strict priority never serves the Other request, and the move
-// waits for the whole burst: the inversion issue 36 set out to remove,
+// waits for the whole burst: the inversion the ranks are there to remove,
 // moved from the queue into the budget. No waiter may wait unboundedly
-// (issue 36: "no starvation either way"); here, 2 s.
-func TestAttackWorkerHeldAtOtherBlocksAMoveBehindIt(t *testing.T) {
+// (no starvation either way); here, 2 s.
+func TestWorkerHeldAtOtherBlocksAMoveBehindIt(t *testing.T) {
 	clk := newClock()
 	l := NewWithClock(20, 1, clk)
 	if !l.TryAccept() {
@@ -101,7 +101,7 @@ func TestAttackWorkerHeldAtOtherBlocksAMoveBehindIt(t *testing.T) {
 // share. Issue 36: "no starvation either way". Here the stream is exactly
 // the budget (20 qps); a single Other request must still be served within
 // a bound (here 5 s).
-func TestAttackOtherNotStarvedByASteadyStream(t *testing.T) {
+func TestOtherNotStarvedByASteadyStream(t *testing.T) {
 	clk := newClock()
 	l := NewWithClock(20, 1, clk)
 	if !l.TryAccept() {
@@ -142,7 +142,7 @@ func TestAttackOtherNotStarvedByASteadyStream(t *testing.T) {
 // A request whose context is already done takes no token, as client-go's
 // own limiter (x/time/rate's Wait checks the context first): a cancelled
 // sync must not spend the budget of the requests that wait.
-func TestAttackCancelledContextTakesNoToken(t *testing.T) {
+func TestCancelledContextTakesNoToken(t *testing.T) {
 	l := NewWithClock(1, 1, newClock())
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -158,7 +158,7 @@ func TestAttackCancelledContextTakesNoToken(t *testing.T) {
 // time at a high rate, with waiters cancelled while waiting or just as they
 // are granted, the tokens taken never exceed burst + qps * elapsed, and
 // the bucket ends serving (no waiter stuck, no timer lost). Passes.
-func TestAttackTokensConservedUnderCancellation(t *testing.T) {
+func TestTokensConservedUnderCancellation(t *testing.T) {
 	const qps, burst = 2000, 5
 	l := New(qps, burst)
 	defer l.Stop()
@@ -200,7 +200,7 @@ func TestAttackTokensConservedUnderCancellation(t *testing.T) {
 
 // A very high rate (1e6) with burst 1 serves many waiters quickly and ends
 // with no goroutine left behind (timers fire once and end).
-func TestAttackHighQPSBurstOne(t *testing.T) {
+func TestHighQPSBurstOne(t *testing.T) {
 	before := runtime.NumGoroutine()
 	l := New(1e6, 1)
 	var wg sync.WaitGroup
@@ -227,7 +227,7 @@ func TestAttackHighQPSBurstOne(t *testing.T) {
 
 // After Stop the limiter still serves (Stop only stops the armed timer; a
 // later waiter arms a new one).
-func TestAttackWaitAfterStop(t *testing.T) {
+func TestWaitAfterStop(t *testing.T) {
 	clk := newClock()
 	l := NewWithClock(10, 1, clk)
 	if !l.TryAccept() {

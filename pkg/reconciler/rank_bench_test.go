@@ -37,7 +37,7 @@ func rankWorld(b *testing.B) (*Reconciler, *cache.DesiredState, *cache.ActualSta
 // Rank next to what the queues asked before it (Urgent: Wanted || awaited),
 // at 100,000 volumes: a wanted key, a teardown's key, a node status write.
 // Neither may grow with the world.
-func BenchmarkAttackRank(b *testing.B) {
+func BenchmarkRank(b *testing.B) {
 	r, _, _ := rankWorld(b)
 	urgent := func(k cache.Key) bool { return r.Wanted(k) || r.awaited(k) }
 	wanted, teardown := cachetest.Key(4242), cachetest.Key(cachetest.Volumes)
@@ -69,7 +69,7 @@ func BenchmarkAttackRank(b *testing.B) {
 // lock (Push/Touch). The spec of the attachment says at once that it is
 // shared. This was so before (Urgent); it shows here as the cost per key
 // growing with n.
-func BenchmarkAttackRankSharedVolume(b *testing.B) {
+func BenchmarkRankSharedVolume(b *testing.B) {
 	for _, n := range []int{100, 1000, 5000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			desired, actual := cache.NewDesiredState(), cache.NewActualState()

@@ -37,7 +37,7 @@ func (c *countingLimiter) Wait(ctx context.Context) error {
 // budget as its RateLimiter; a client made from a copy of it shares that
 // very limiter (rest.CopyConfig copies the pointer), so the events' client
 // must not inherit it.
-func TestAttackEventsDoNotDrawOnTheControllerBudget(t *testing.T) {
+func TestEventsDoNotDrawOnTheControllerBudget(t *testing.T) {
 	posted := make(chan string, 10)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)

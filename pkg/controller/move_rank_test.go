@@ -41,11 +41,11 @@ func moveWorld(t *testing.T) (*fixture, []runtime.Object) {
 // elsewhere) must reach the queue. Under a burst the old pod's key is
 // still queued when the StatefulSet's new pod is bound: the common case.
 //
-// The first case passes (touch adds every key of the volume, on every node
-// that holds it: the rule); the second fails: touch adds the status writes
-// of the touched keys' nodes only, not the old node's, whose write (the
-// move's first step, the one issue 36 names) keeps its rank Other.
-func TestAttackBlockedMoveReranksWhatItWaitsFor(t *testing.T) {
+// touch adds every key of the volume, on every node that holds it; the
+// blocked key's sync adds the old node's status write again
+// (Result.Awaited), whose rank (the move's first step) would otherwise stay
+// Other.
+func TestBlockedMoveReranksWhatItWaitsFor(t *testing.T) {
 	oldKey := key("h1", "node-a")
 	k := func(n string) cache.Key { return cache.Key{Volume: volume.CSIName(driver, "h1"), Node: n} }
 

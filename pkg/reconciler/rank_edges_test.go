@@ -32,7 +32,7 @@ func ebsSpec(id string, kind volume.Kind) *volume.Spec {
 // status after a restart) under the name the new node knows as an alias.
 // And Decide blocks the new key in each (the rank is only ordering; the
 // exclusivity is Decide's).
-func TestAttackRankOfAMoveUnderEveryName(t *testing.T) {
+func TestRankOfAMoveUnderEveryName(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		old, new *volume.Spec
@@ -102,7 +102,7 @@ func TestAttackRankOfAMoveUnderEveryName(t *testing.T) {
 // long as its pod lives, and the holder's too; neither makes a request
 // (Blocked, Nothing), and neither node's status write is raised by it: the
 // permanent rank costs nothing but its place in the queue. A rule, kept.
-func TestAttackRankOfAConflictThatNeverEnds(t *testing.T) {
+func TestRankOfAConflictThatNeverEnds(t *testing.T) {
 	e := newEnv(t, Config{MaxWaitForUnmount: time.Minute})
 	for _, n := range []string{node1, node2} {
 		e.actual.SetNode(n, cache.NodeInfo{Managed: true, Exists: true, Ready: true, InUse: map[volume.Name]bool{specA.Name: true}})
@@ -143,7 +143,7 @@ func TestAttackRankOfAConflictThatNeverEnds(t *testing.T) {
 // the rest of the move (attach, announcement) ranks as a new attach. This
 // documents the loss (ordering only; a restart mid-move is rare): if it
 // changes, the mark has become derivable.
-func TestAttackRankAfterARestartMidMove(t *testing.T) {
+func TestRankAfterARestartMidMove(t *testing.T) {
 	desired, actual := cache.NewDesiredState(), cache.NewActualState()
 	for _, n := range []string{node1, node2} {
 		actual.SetNode(n, cache.NodeInfo{Managed: true, Exists: true, Ready: true})
@@ -159,7 +159,7 @@ func TestAttackRankAfterARestartMidMove(t *testing.T) {
 // pod deleted, the pod re-created on another node under the same name, the
 // pod's volume replaced by another (its spec renamed: a PV re-bound), the
 // node's pods all gone. None leaks.
-func TestAttackMarkDoesNotLeak(t *testing.T) {
+func TestMarkDoesNotLeak(t *testing.T) {
 	d := cache.NewDesiredState()
 	k := key(specA, node2)
 	d.SetPod(podB, node2, []*volume.Spec{specA})
@@ -189,12 +189,12 @@ func TestAttackMarkDoesNotLeak(t *testing.T) {
 }
 
 // The cost of a shared volume's key grows with the nodes that want it
-// (BenchmarkAttackRankSharedVolume): awaited walks every desired key of the
+// (BenchmarkRankSharedVolume): awaited walks every desired key of the
 // volume to ask whether it is single-node, which no key of a shared volume
 // is. At 5,000 nodes one Rank is milliseconds, under the work queue's lock,
 // and a DaemonSet's teardown ranks 5,000 keys several times each. The
 // attachment's spec could say at once that the volume is shared.
-func TestAttackRankOfASharedVolumeDoesNotGrowWithItsNodes(t *testing.T) {
+func TestRankOfASharedVolumeDoesNotGrowWithItsNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("timing")
 	}
