@@ -41,7 +41,9 @@ func WithPriority(ctx context.Context, p int) context.Context {
 // WithPriorityFunc returns ctx whose requests wait for the budget at the
 // priority p says, asked again each time a token is handed out: the work
 // a request is for may become more urgent while it waits (a pod comes to
-// wait for it).
+// wait for it). p must not wait for anything a request may be made under
+// (the controller's caches hold their locks for no request): every token
+// waits for it.
 func WithPriorityFunc(ctx context.Context, p func() int) context.Context {
 	return context.WithValue(ctx, priorityKey{}, p)
 }
@@ -114,12 +116,17 @@ func (w *waiter) rank(now time.Time) int {
 	return max(Move, w.priority()-int(now.Sub(w.since)/PromoteAfter))
 }
 
-// firstLocked returns the index of the waiter served next: the lowest rank,
-// then the first to wait. A few dozen wait at most (one per worker).
-func (l *Limiter) firstLocked(now time.Time) int {
-	best, bestRank := 0, l.waiters[0].rank(now)
-	for i := 1; i < len(l.waiters); i++ {
-		if r := l.waiters[i].rank(now); r < bestRank || (r == bestRank && l.waiters[i].seq < l.waiters[best].seq) {
+// firstLocked returns the index of the waiter served next among those
+// ranked: the lowest rank, then the first to wait; -1 when none is. A few
+// dozen wait at most (one per worker).
+func (l *Limiter) firstLocked(ranks map[*waiter]int) int {
+	best, bestRank := -1, 0
+	for i, w := range l.waiters {
+		r, ok := ranks[w]
+		if !ok {
+			continue
+		}
+		if best < 0 || r < bestRank || (r == bestRank && w.seq < l.waiters[best].seq) {
 			best, bestRank = i, r
 		}
 	}
@@ -140,8 +147,7 @@ func (l *Limiter) refillLocked() {
 }
 
 // Wait takes a token, waiting for it at ctx's priority (WithPriority,
-// WithPriorityFunc: asked under the Limiter's lock, so it must not wait
-// for the Limiter); it returns ctx's error, and takes nothing, when ctx is
+// WithPriorityFunc); it returns ctx's error, and takes nothing, when ctx is
 // done first.
 func (l *Limiter) Wait(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
@@ -157,7 +163,7 @@ func (l *Limiter) Wait(ctx context.Context) error {
 	w := &waiter{priority: priorityFunc(ctx), seq: l.seq, since: l.last, granted: make(chan struct{})}
 	l.seq++
 	l.waiters = append(l.waiters, w)
-	l.grantLocked()
+	l.armLocked()
 	l.mu.Unlock()
 
 	select {
@@ -172,27 +178,24 @@ func (l *Limiter) Wait(ctx context.Context) error {
 	} else {
 		// Granted meanwhile: the token goes back, to the next waiter.
 		l.tokens = min(l.burst, l.tokens+1)
+		l.armLocked()
 	}
-	l.grantLocked()
 	return ctx.Err()
 }
 
-// grantLocked hands the tokens there are to the first waiters, and arms the
-// timer for the next token while somebody still waits.
-func (l *Limiter) grantLocked() {
-	l.refillLocked()
-	for len(l.waiters) > 0 && l.tokens >= 1 {
-		i := l.firstLocked(l.last)
-		w := l.waiters[i]
-		l.removeLocked(i)
-		l.tokens--
-		close(w.granted)
-	}
+// armLocked arms the timer for when the next token is there, while
+// somebody waits. The tokens are handed out by the timer's function alone
+// (fire).
+func (l *Limiter) armLocked() {
 	if len(l.waiters) == 0 || l.qps <= 0 {
 		return
 	}
-	wait := time.Duration(math.Ceil((1 - l.tokens) / l.qps * float64(time.Second)))
-	due := l.clock.Now().Add(wait)
+	l.refillLocked()
+	var wait time.Duration
+	if l.tokens < 1 {
+		wait = time.Duration(math.Ceil((1 - l.tokens) / l.qps * float64(time.Second)))
+	}
+	due := l.last.Add(wait)
 	if l.timer != nil && !l.due.After(due) {
 		return
 	}
@@ -203,11 +206,36 @@ func (l *Limiter) grantLocked() {
 	l.timer = l.clock.AfterFunc(wait, l.fire)
 }
 
+// fire hands the tokens there are to the first waiters. Their priorities
+// are asked outside the Limiter's lock, so that a new request never waits
+// for them to be read; one that came to wait meanwhile is served from the
+// next time on.
 func (l *Limiter) fire() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.timer = nil
-	l.grantLocked()
+	waiting := slices.Clone(l.waiters)
+	l.mu.Unlock()
+
+	now := l.clock.Now()
+	ranks := make(map[*waiter]int, len(waiting))
+	for _, w := range waiting {
+		ranks[w] = w.rank(now)
+	}
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.refillLocked()
+	for l.tokens >= 1 {
+		i := l.firstLocked(ranks)
+		if i < 0 {
+			break
+		}
+		w := l.waiters[i]
+		l.removeLocked(i)
+		l.tokens--
+		close(w.granted)
+	}
+	l.armLocked()
 }
 
 // Accept takes a token, waiting as long as it takes.
