@@ -104,16 +104,22 @@ type waiter struct {
 	granted chan struct{}
 }
 
-// PromoteAfter is how long a request waits before it is served as one of
-// the next lower priority number (Move at best), and again after each
-// further PromoteAfter: work of every priority keeps going while more
-// urgent work takes the whole budget (a teardown under a stream of new
-// pods), a little later than it would in arrival order.
+// PromoteAfter is how long a request of a priority after Attach waits
+// before it is served as one of the next lower priority number, and again
+// after each further PromoteAfter, up to Attach: work of every priority
+// keeps going while new attaches take the whole budget (a teardown under a
+// stream of new pods), a little later than it would in arrival order. A
+// move's requests stay ahead of all others, however long those waited (at
+// a low --kube-api-qps, every waiting request waits longer than this).
 const PromoteAfter = time.Second
 
 // rank is the priority w is served at now.
 func (w *waiter) rank(now time.Time) int {
-	return max(Move, w.priority()-int(now.Sub(w.since)/PromoteAfter))
+	p := w.priority()
+	if p <= Attach {
+		return p
+	}
+	return max(Attach, p-int(now.Sub(w.since)/PromoteAfter))
 }
 
 // firstLocked returns the index of the waiter served next among those
