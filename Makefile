@@ -191,7 +191,8 @@ chaos: tools test-binaries
 	CHAOS_DURATION=$(CHAOS_DURATION) $(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 0 -v -run TestChaos ./test/chaos/... | \
 	  grep -E '^(=== RUN|--- |PASS|FAIL|ok)|chaos_test.go|^ +(churn|fault) ' ; exit $${PIPESTATUS[0]}
 
-# Ctrl-C stops it and removes everything; DEMO_DURATION=60s stops it by itself
+# On hollow nodes (real kubelets); kubeletsim is built because the stack
+# checks for it. Ctrl-C stops it and removes everything; DEMO_DURATION=60s stops it by itself
 # (exit code 1 if the story did not complete).
 demo: build
 	hack/build-tools.sh $(E2E_TOOLS)

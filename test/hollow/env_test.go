@@ -197,19 +197,12 @@ func (e *env) createPod(name, node string, claims ...string) {
 }
 
 // createPodWithVolumes creates a pod on node whose container mounts every
-// volume: kubelet's volume manager sets up only the volumes a container
-// uses.
+// volume (framework.Pod): kubelet's volume manager sets up only the volumes
+// a container uses.
 func (e *env) createPodWithVolumes(name, node string, volumes ...v1.Volume) {
 	e.t.Helper()
-	pod := framework.Pod(e.ns, name, node, volumes...)
-	for i := range pod.Spec.Containers {
-		c := &pod.Spec.Containers[i]
-		for _, v := range volumes {
-			c.VolumeMounts = append(c.VolumeMounts, v1.VolumeMount{Name: v.Name, MountPath: "/mnt/" + v.Name})
-		}
-	}
-	if _, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, pod, metav1.CreateOptions{}); err != nil {
-		e.t.Fatalf("create pod %s/%s: %v", e.ns, name, err)
+	if _, err := framework.CreatePodWithVolumes(e.ctx, e.client, e.ns, name, node, volumes...); err != nil {
+		e.t.Fatal(err)
 	}
 }
 
