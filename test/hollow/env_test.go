@@ -63,7 +63,9 @@ type env struct {
 	ns     string
 	nodes  []*stack.HollowNode
 
-	controller *stack.Process
+	// controllers are every controller process the env started, the
+	// running one last.
+	controllers []*stack.Process
 }
 
 // newEnv creates a namespace, starts the controller of kind and nodes
@@ -112,28 +114,37 @@ func (e *env) startController() {
 	case thisController:
 		c, err := st.StartController(e.ctx)
 		if c != nil {
-			e.controller = c.Process
+			e.controllers = append(e.controllers, c.Process)
 		}
 		if err != nil {
 			e.t.Fatal(err)
 		}
 	case kcm:
 		p, err := st.StartKubeControllerManager(e.ctx)
-		e.controller = p
+		if p != nil {
+			e.controllers = append(e.controllers, p)
+		}
 		if err != nil {
 			e.t.Fatal(err)
 		}
 	}
 }
 
+// restartController stops the running controller (SIGTERM) and starts
+// another.
+func (e *env) restartController() {
+	e.t.Helper()
+	if err := e.controllers[len(e.controllers)-1].Stop(stack.StopGrace); err != nil {
+		e.t.Fatal(err)
+	}
+	e.startController()
+}
+
 // cleanup deletes the namespace's pods at once and stops the test's
 // processes, showing their logs if the test failed. What stays (Nodes,
 // VolumeAttachments of stopped nodes) concerns no later test's nodes.
 func (e *env) cleanup() {
-	var procs []*stack.Process
-	if e.controller != nil {
-		procs = append(procs, e.controller)
-	}
+	procs := slices.Clone(e.controllers)
 	for _, n := range e.nodes {
 		if n != nil {
 			procs = append(procs, n.Processes()...)
@@ -290,8 +301,11 @@ func (e *env) vaAttached(v csiVolume, node string) step {
 // checkVA checks what the controller wrote and that the attacher published
 // to the node ID the node's driver reported to its kubelet.
 func (e *env) checkVA(va *storagev1.VolumeAttachment, v csiVolume, node string) error {
-	if va.Spec.Attacher != v.driver || va.Spec.NodeName != node || va.Spec.Source.PersistentVolumeName == nil || *va.Spec.Source.PersistentVolumeName != v.pv {
-		return fmt.Errorf("VolumeAttachment %s: spec %+v, want attacher %s, node %s, PV %s", va.Name, va.Spec, v.driver, node, v.pv)
+	inline := v.pv == ""
+	if va.Spec.Attacher != v.driver || va.Spec.NodeName != node ||
+		(!inline && (va.Spec.Source.PersistentVolumeName == nil || *va.Spec.Source.PersistentVolumeName != v.pv)) ||
+		(inline && va.Spec.Source.InlineVolumeSpec == nil) {
+		return fmt.Errorf("VolumeAttachment %s: spec %+v, want attacher %s, node %s, PV %q (empty: an inline volume spec)", va.Name, va.Spec, v.driver, node, v.pv)
 	}
 	if id := va.Annotations[framework.NodeIDAnnotation]; va.Status.Attached && id != e.hollow(node).NodeID(v.driver) {
 		return fmt.Errorf("VolumeAttachment %s attached to node ID %q, want %q (from the node's CSINode)", va.Name, id, e.hollow(node).NodeID(v.driver))
@@ -330,19 +344,27 @@ func (e *env) nodeStatus(what string, node string, check func(*v1.Node) bool) st
 }
 
 func (e *env) listedAttached(v csiVolume, node string, want bool) step {
-	what := "volumesAttached of " + node + " lists it"
+	return e.listedAttachedName(v.name(), node, want)
+}
+
+func (e *env) listedAttachedName(name v1.UniqueVolumeName, node string, want bool) step {
+	what := "volumesAttached of " + node + " lists " + string(name)
 	if !want {
-		what = "volumesAttached of " + node + " drops it"
+		what = "volumesAttached of " + node + " drops " + string(name)
 	}
-	return e.nodeStatus(what, node, func(n *v1.Node) bool { return attached(n, v.name()) == want })
+	return e.nodeStatus(what, node, func(n *v1.Node) bool { return attached(n, name) == want })
 }
 
 func (e *env) listedInUse(v csiVolume, node string, want bool) step {
-	what := "volumesInUse of " + node + " lists it (kubelet)"
+	return e.listedInUseName(v.name(), node, want)
+}
+
+func (e *env) listedInUseName(name v1.UniqueVolumeName, node string, want bool) step {
+	what := "volumesInUse of " + node + " lists " + string(name) + " (kubelet)"
 	if !want {
-		what = "volumesInUse of " + node + " drops it (kubelet)"
+		what = "volumesInUse of " + node + " drops " + string(name) + " (kubelet)"
 	}
-	return e.nodeStatus(what, node, func(n *v1.Node) bool { return slices.Contains(n.Status.VolumesInUse, v.name()) == want })
+	return e.nodeStatus(what, node, func(n *v1.Node) bool { return slices.Contains(n.Status.VolumesInUse, name) == want })
 }
 
 func (e *env) podRunning(name string) step {
