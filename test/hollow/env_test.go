@@ -151,15 +151,17 @@ func (e *env) cleanup() {
 		}
 	}
 	if e.t.Failed() {
+		// The stack's attachers serve every test: shown, not stopped.
+		shown := slices.Clone(procs)
 		for _, p := range st.Processes() {
 			if strings.HasPrefix(p.Name, "csi-attacher") {
-				procs = append(procs, p)
+				shown = append(shown, p)
 			}
 		}
-		for _, p := range procs {
+		for _, p := range shown {
 			e.t.Logf("--- last lines of %s (%s):\n%s", p.Name, p.LogPath, p.Tail(logTail))
 		}
-		e.keepLogs(procs)
+		e.keepLogs(shown)
 	}
 	for _, p := range procs {
 		if err := p.Stop(stack.StopGrace); err != nil {
@@ -238,6 +240,11 @@ type step struct {
 func (e *env) waitSteps(title string, start time.Time, invariant func() error, steps ...step) map[string]time.Duration {
 	e.t.Helper()
 	at := map[string]time.Duration{}
+	for i, s := range steps {
+		if slices.ContainsFunc(steps[:i], func(o step) bool { return o.what == s.what }) {
+			e.t.Fatalf("%s: step %q given twice", title, s.what)
+		}
+	}
 	deadline := time.Now().Add(waitTimeout)
 	for {
 		if invariant != nil {
@@ -278,7 +285,7 @@ func (e *env) waitSteps(title string, start time.Time, invariant func() error, s
 	order := slices.Clone(steps)
 	slices.SortStableFunc(order, func(a, b step) int { return int(at[a.what] - at[b.what]) })
 	for _, s := range order {
-		e.t.Logf("timing %s %s: %-55s %6.2fs", e.kind, title, s.what, at[s.what].Seconds())
+		e.t.Logf("timing %s %s: %-70s %6.2fs", e.kind, title, s.what, at[s.what].Seconds())
 	}
 	return at
 }
@@ -286,7 +293,7 @@ func (e *env) waitSteps(title string, start time.Time, invariant func() error, s
 // Steps, each read from the API.
 
 func (e *env) vaAttached(v csiVolume, node string) step {
-	return step{"VolumeAttachment attached on " + node, func() (bool, error) {
+	return step{"VolumeAttachment of " + v.handle + " attached on " + node, func() (bool, error) {
 		va, err := e.client.StorageV1().VolumeAttachments().Get(e.ctx, v.vaName(node), metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return false, nil
@@ -324,7 +331,7 @@ func (e *env) hollow(node string) *stack.HollowNode {
 }
 
 func (e *env) vaGone(v csiVolume, node string) step {
-	return step{"VolumeAttachment gone from " + node, func() (bool, error) {
+	return step{"VolumeAttachment of " + v.handle + " gone from " + node, func() (bool, error) {
 		_, err := e.client.StorageV1().VolumeAttachments().Get(e.ctx, v.vaName(node), metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return true, nil

@@ -180,14 +180,20 @@ func TestISCSIAndFCNames(t *testing.T) {
 		iscsi := v1.PersistentVolumeSource{ISCSI: &v1.ISCSIPersistentVolumeSource{
 			TargetPortal: "10.0.0.1:3260", IQN: "iqn.2001-04.com.example:" + e.ns, Lun: 0, FSType: "ext4",
 		}}
-		fc := v1.PersistentVolumeSource{FC: &v1.FCVolumeSource{TargetWWNs: []string{"500a0981891b8dc5"}, Lun: new(int32(2)), FSType: "ext4"}}
+		// Names of this run only: the other controller's run left its
+		// pods and attachments on nodes since stopped.
+		suffix := e.ns[len(e.ns)-4:]
+		wwns := []string{"500a09818910" + suffix, "500a09818911" + suffix}
+		fc := v1.PersistentVolumeSource{FC: &v1.FCVolumeSource{TargetWWNs: wwns, Lun: new(int32(2)), FSType: "ext4"}}
 		for claim, src := range map[string]v1.PersistentVolumeSource{"iscsi": iscsi, "fc": fc} {
 			if _, _, err := framework.CreateBoundPVC(e.ctx, e.client, e.ns, claim, src); err != nil {
 				t.Fatal(err)
 			}
 		}
 		iscsiName := v1.UniqueVolumeName("kubernetes.io/iscsi/10.0.0.1:3260:iqn.2001-04.com.example:" + e.ns + ":0")
-		fcName := v1.UniqueVolumeName("kubernetes.io/fc/500a0981891b8dc5:2")
+		// Every target WWN, as Go prints a slice (kubelet's fc plugin:
+		// fmt.Sprintf("%v:%v", TargetWWNs, *Lun)), not only the first.
+		fcName := v1.UniqueVolumeName("kubernetes.io/fc/[" + wwns[0] + " " + wwns[1] + "]:2")
 		start := time.Now()
 		e.createPod("app", node, "iscsi", "fc")
 		e.waitSteps("pod created", start, nil,
