@@ -306,3 +306,58 @@ func TestControllerRestart(t *testing.T) {
 		e.checkKubeletLogs()
 	})
 }
+
+// vaHeld fails as soon as v's VolumeAttachment on node is gone, detached
+// or being deleted.
+func (e *env) vaHeld(v csiVolume, node string) func() error {
+	return func() error {
+		va, err := e.client.StorageV1().VolumeAttachments().Get(e.ctx, v.vaName(node), metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("VolumeAttachment %s: %w", v.vaName(node), err)
+		}
+		if !va.Status.Attached || va.DeletionTimestamp != nil {
+			return fmt.Errorf("VolumeAttachment %s detached or being deleted", va.Name)
+		}
+		return nil
+	}
+}
+
+// TestNodeDeletedAndReRegistered: the Node object of a running kubelet is
+// deleted. Kubelet v1.37 registers a Node only at its start (it then fails
+// every status update), so the node's kubelet is restarted, as an operator
+// or its supervisor does: it registers the Node again (a new UID, empty
+// status). Nothing is detached meanwhile, and the new Node lists the volume
+// again in volumesAttached (controller) and volumesInUse (kubelet).
+func TestNodeDeletedAndReRegistered(t *testing.T) {
+	fullSet(t)
+	forEachController(t, func(t *testing.T, kind controllerKind) {
+		e := newEnv(t, kind, "renode", 1)
+		node := e.node(0)
+		v := e.createVolume("data")
+		start := time.Now()
+		e.createPod("app", node, v.claim)
+		e.waitSteps("pod created", start, nil, e.vaAttached(v, node), e.listedAttached(v, node, true), e.podRunning("app"))
+
+		held := e.vaHeld(v, node)
+		start = time.Now()
+		if err := e.client.CoreV1().Nodes().Delete(e.ctx, node, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.nodes[0].StopKubelet(); err != nil {
+			t.Fatal(err)
+		}
+		if err := held(); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.nodes[0].StartKubelet(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.waitSteps("node deleted and registered again", start, held,
+			e.listedAttached(v, node, true),
+			e.listedInUse(v, node, true),
+			e.podRunning("app"),
+		)
+		framework.Consistently(t, settle, held, "%s attached to %s", v.name(), node)
+		e.checkNames()
+	})
+}
