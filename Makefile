@@ -3,7 +3,10 @@
 #   make demo         run the controller's job on an embedded local cluster
 #   make test         unit tests, every Go benchmark once, simulation,
 #                     integration tests against a real kube-apiserver,
-#                     end-to-end and a short chaos run
+#                     end-to-end, the small set on real kubelets (hollow
+#                     nodes) and a short chaos run
+#   make test-hollow-full  every scenario on real kubelets, with this
+#                     controller and with kube-controller-manager's
 #   make verify       gofmt, go vet, staticcheck, module and version pins,
 #                     the Dockerfile, the manifests and the Helm chart
 #   make kubectl-adc  the kubectl plugin (kubectl adc why pod/NAME)
@@ -41,14 +44,15 @@ GO_TEST     ?= go test
 TEST_FLAGS  ?= -count=1 -vet=off
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-# The stack `make demo` and `make test-e2e` run (test/e2e/stack).
-E2E_TOOLS := etcd kube-apiserver csi-attacher csi-mock-driver
+# The stack `make demo` and `make test-e2e` run (test/e2e/stack); hollow-node
+# is the real kubelet the demo and test/hollow run.
+E2E_TOOLS := etcd kube-apiserver csi-attacher csi-mock-driver hollow-node
 # Every tool `make test` runs, built by one `go build` (hack/build-tools.sh):
 # the integration tests' kube-controller-manager and kustomize (which renders
 # manifests/, as `kubectl kustomize` would), and the e2e stack.
 TOOLS := $(E2E_TOOLS) kube-controller-manager kustomize
 
-.PHONY: all build kubectl-adc kubectl-adc-release tools go-tools helm promtool test-binaries test test-unit test-bench test-sim sim-sweep test-integration test-e2e test-chaos test-skew chaos demo bench verify image clean
+.PHONY: all build kubectl-adc kubectl-adc-release tools go-tools helm promtool test-binaries test test-unit test-bench test-sim sim-sweep test-integration test-e2e test-hollow test-hollow-full test-chaos test-skew chaos demo bench verify image clean
 
 all: build
 
@@ -84,7 +88,7 @@ promtool:
 # simulation, which compute (each target's output is printed whole when it
 # ends).
 test:
-	$(MAKE) --no-print-directory --output-sync=target -j 5 test-unit test-bench test-sim test-integration test-e2e test-chaos
+	$(MAKE) --no-print-directory --output-sync=target -j 5 test-unit test-bench test-sim test-integration test-e2e test-hollow test-chaos
 
 # The race detector builds every dependency again (cgo, instrumented): it runs
 # the packages that have tests. The others (pkg/server, the command's main
@@ -135,7 +139,7 @@ TEST_BINARIES := ADC_CONTROLLER_BINARY=$(abspath $(BIN_DIR))/attach-detach-contr
 test-binaries: build
 	go build -o $(BIN_DIR)/kubeletsim ./test/kubeletsim
 
-INTEGRATION_PACKAGES = $(shell go list ./test/... | grep -v -e /test/e2e -e /test/sim -e /test/chaos)
+INTEGRATION_PACKAGES = $(shell go list ./test/... | grep -v -e /test/e2e -e /test/sim -e /test/chaos -e /test/hollow)
 
 test-integration: tools test-binaries
 	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 20m $(INTEGRATION_PACKAGES)
@@ -145,6 +149,22 @@ test-integration: tools test-binaries
 test-e2e: test-binaries
 	hack/build-tools.sh $(E2E_TOOLS) kube-controller-manager
 	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 10m ./test/e2e/...
+
+# The controller against real kubelets (test/hollow: hollow nodes, the
+# kubelet of Kubernetes v1.37.2 with a fake container runtime), each scenario
+# with this controller and with kube-controller-manager's attachdetach
+# controller: the small set (-short) in make test, every scenario in
+# test-hollow-full. Each step's time is logged ("timing" lines).
+HOLLOW_OUTPUT := '^(=== RUN|--- |PASS|FAIL|ok)|timing |_test.go'
+test-hollow: test-binaries
+	hack/build-tools.sh $(E2E_TOOLS) kube-controller-manager
+	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -short -timeout 15m -v ./test/hollow/ | \
+	  grep -E $(HOLLOW_OUTPUT) ; exit $${PIPESTATUS[0]}
+
+test-hollow-full: test-binaries
+	hack/build-tools.sh $(E2E_TOOLS) kube-controller-manager
+	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 40m -v ./test/hollow/ | \
+	  grep -E $(HOLLOW_OUTPUT) ; exit $${PIPESTATUS[0]}
 
 # The integration and end-to-end tests against each supported kube-apiserver
 # release (hack/skew/vMAJOR.MINOR, built from the module proxy into
@@ -171,7 +191,8 @@ chaos: tools test-binaries
 	CHAOS_DURATION=$(CHAOS_DURATION) $(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 0 -v -run TestChaos ./test/chaos/... | \
 	  grep -E '^(=== RUN|--- |PASS|FAIL|ok)|chaos_test.go|^ +(churn|fault) ' ; exit $${PIPESTATUS[0]}
 
-# Ctrl-C stops it and removes everything; DEMO_DURATION=60s stops it by itself
+# On hollow nodes (real kubelets); kubeletsim is built because the stack
+# checks for it. Ctrl-C stops it and removes everything; DEMO_DURATION=60s stops it by itself
 # (exit code 1 if the story did not complete).
 demo: build
 	hack/build-tools.sh $(E2E_TOOLS)

@@ -3,12 +3,12 @@
 # separate Go module in hack/tools, into _output/bin/NAME.
 #
 # Usage: hack/build-tools.sh NAME...
-#   NAME is one of: etcd kube-apiserver kube-controller-manager kustomize csi-attacher csi-mock-driver
+#   NAME is one of: etcd kube-apiserver kube-controller-manager kustomize csi-attacher csi-mock-driver hollow-node
 #
 # A tool is rebuilt only when its binary is missing or its stamp is stale. The
 # stamp (_output/bin/.NAME.stamp) is the sha256 of hack/tools/go.mod, go.sum and
 # this script, so bumping a version or changing how we build forces a rebuild.
-# For a package inside hack/tools (csi-mock-driver, kustomize) the stamp also
+# For a package inside hack/tools (csi-mock-driver, hollow-node, kustomize) the stamp also
 # covers its source files.
 #
 # The stale tools are built by one `go build` of all their main packages: the
@@ -27,7 +27,7 @@ cd "${repo_root}"
 
 tools_dir="hack/tools"
 bin_dir="${repo_root}/_output/bin"
-all_tools="etcd kube-apiserver kube-controller-manager kustomize csi-attacher csi-mock-driver"
+all_tools="etcd kube-apiserver kube-controller-manager kustomize csi-attacher csi-mock-driver hollow-node"
 
 # etcd is built in hack/tools too: the server module at v3.7.1, the release of
 # go.etcd.io/etcd/{api,client}/v3 the controller builds (shared modules stay on
@@ -40,6 +40,7 @@ package_for() {
     kustomize) echo "./kustomize" ;;
     csi-attacher) echo "github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher" ;;
     csi-mock-driver) echo "./csi-mock-driver" ;;
+    hollow-node) echo "./hollow-node" ;;
     *) return 1 ;;
   esac
 }

@@ -2,16 +2,20 @@
 // throw-away cluster: `make demo` builds what it needs and runs it.
 //
 // It starts etcd, kube-apiserver, this controller, for two CSI drivers a mock
-// driver with the real CSI external-attacher, and kubeletsim for three nodes,
-// all on loopback (package test/e2e/stack). Then it plays a short story and
+// driver with the real CSI external-attacher, and three hollow nodes: the
+// real kubelet of Kubernetes v1.37.2 with a fake container runtime, each with
+// the two CSI drivers registered, all on loopback (package test/e2e/stack).
+// A pod goes Running because its kubelet mounted its volumes once the
+// controller had listed them in the node's status. Then it plays a short story and
 // prints what happens as it happens:
 //
 //  1. pods with claims bound to CSI volumes, an RWX volume on two nodes, an
 //     in-tree AWS EBS volume on nodes that migrate it to CSI, and one RWO
 //     volume wanted by pods on two nodes: the second pod gets a "Waiting for
 //     detach" warning, and /explain says why it waits;
-//  2. the first pod of the RWO volume is deleted: kubeletsim unmounts it, the
-//     controller detaches it and attaches it to the other node.
+//  2. the first pod of the RWO volume is deleted: its kubelet unmounts it, the
+//     controller detaches it and attaches it to the other node, whose
+//     kubelet mounts it and runs the waiting pod.
 //
 // After the story it keeps watching until Ctrl-C (or --duration), which
 // stops every process and removes the cluster's temp directory.
@@ -51,7 +55,7 @@ func main() {
 		}
 		opts.duration = d
 	}
-	fs.StringVar(&opts.binDir, "bin-dir", "", "Directory of etcd, kube-apiserver, csi-attacher, csi-mock-driver, attach-detach-controller and kubeletsim. Default: _output/bin of the module.")
+	fs.StringVar(&opts.binDir, "bin-dir", "", "Directory of etcd, kube-apiserver, csi-attacher, csi-mock-driver, hollow-node and attach-detach-controller. Default: _output/bin of the module.")
 	fs.DurationVar(&opts.duration, "duration", opts.duration, "Stop by itself this long after the start, once the story is told (default $"+durationEnv+"); 0 runs until Ctrl-C. The story fails the run (exit code 1) if it does not complete.")
 	fs.DurationVar(&opts.pause, "pause", opts.pause, "Pause between the story's steps, to read the output; none with --duration.")
 	klog.InitFlags(fs)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -45,7 +46,8 @@ func run(ctx context.Context, opts options, p *printer) (err error) {
 	for i := range opts.nodes {
 		nodes = append(nodes, nodeName(i))
 	}
-	if _, err := st.StartKubelets(ctx, stack.KubeletOptions{NodePrefix: nodePrefix, Nodes: opts.nodes, MigratedPlugins: []string{awsEBSPlugin}}); err != nil {
+	p.step("Starting %d hollow nodes (real kubelets registering their nodes and CSI drivers), then the controller", opts.nodes)
+	if err := startNodes(ctx, st, nodes); err != nil {
 		return err
 	}
 	c, err := st.StartController(ctx)
@@ -59,7 +61,7 @@ func run(ctx context.Context, opts options, p *printer) (err error) {
 	}
 	p.line("etcd, kube-apiserver       %s", st.Cluster.Config.Host)
 	p.line("csi-mock-driver, csi-attacher (external-attacher), one pair per driver: %s", strings.Join(st.Drivers, ", "))
-	p.line("kubeletsim                 nodes %s (CSINodes list both drivers; they migrate %s)", strings.Join(nodes, ", "), awsEBSPlugin)
+	p.line("kubelet (hollow node)      nodes %s (each registered both drivers in its CSINode; kubelet lists %s among its migrated plugins)", strings.Join(nodes, ", "), awsEBSPlugin)
 	p.line("attach-detach-controller   %s (/metrics, /explain; HTTPS, the cluster admin's token)", c.URL)
 	p.line("logs, kubeconfig           %s", dir)
 
@@ -91,6 +93,9 @@ func story(ctx context.Context, opts options, p *printer, client kubernetes.Inte
 	if err := waitForState(ctx, client, first, nil); err != nil {
 		return fmt.Errorf("attach the first pods' volumes: %w", err)
 	}
+	if err := waitForRunning(ctx, client, firstPods...); err != nil {
+		return err
+	}
 	p.step("Creating pod %s on %s: it wants volume db, attached to %s for db-a (ReadWriteOnce)", waitingPod.name, nodeName(waitingPod.node), nodeName(0))
 	if err := createPod(ctx, client, waitingPod); err != nil {
 		return err
@@ -113,7 +118,7 @@ func story(ctx context.Context, opts options, p *printer, client kubernetes.Inte
 	if err := pause(ctx, p, opts.pause, "deleting pod db-a"); err != nil {
 		return err
 	}
-	p.step("Deleting pod db-a: kubeletsim unmounts db, the controller detaches it from %s and attaches it to %s", nodeName(0), nodeName(waitingPod.node))
+	p.step("Deleting pod db-a: its kubelet unmounts db, the controller detaches it from %s and attaches it to %s", nodeName(0), nodeName(waitingPod.node))
 	if err := client.CoreV1().Pods(namespace).Delete(ctx, "db-a", metav1.DeleteOptions{}); err != nil {
 		return fmt.Errorf("delete pod db-a: %w", err)
 	}
@@ -126,6 +131,9 @@ func story(ctx context.Context, opts options, p *printer, client kubernetes.Inte
 	released := []placement{{claim: claimNamed("db"), node: nodeName(0)}}
 	if err := waitForState(ctx, client, append(after, handedOver...), released); err != nil {
 		return fmt.Errorf("hand db over to %s: %w", nodeName(waitingPod.node), err)
+	}
+	if err := waitForRunning(ctx, client, waitingPod); err != nil {
+		return err
 	}
 	p.step("State: db moved to %s", nodeName(waitingPod.node))
 	if err := printSummary(ctx, p, client, c, nodes); err != nil {
@@ -211,4 +219,21 @@ func fingerprint(ctx context.Context, client kubernetes.Interface, nodes []strin
 		fmt.Fprintf(&b, "%s %v %v;", name, attachedNames(node), inUseNames(node))
 	}
 	return b.String(), nil
+}
+
+// startNodes starts a hollow node per name, side by side, node i in zone
+// "a", "b" or "c" by i mod 3.
+func startNodes(ctx context.Context, st *stack.Stack, nodes []string) error {
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, name := range nodes {
+		wg.Go(func() {
+			_, errs[i] = st.StartHollowNode(ctx, stack.HollowNodeOptions{
+				Name:   name,
+				Labels: map[string]string{"topology.kubernetes.io/zone": string(rune('a' + i%3))},
+			})
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }

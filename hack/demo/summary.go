@@ -53,7 +53,7 @@ func printSummary(ctx context.Context, p *printer, client kubernetes.Interface, 
 
 	buf.Reset()
 	tw = tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tstatus.volumesAttached (controller)\tIN volumesInUse (kubeletsim)")
+	fmt.Fprintln(tw, "NODE\tstatus.volumesAttached (controller)\tIN volumesInUse (kubelet)")
 	for _, name := range nodes {
 		node, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {

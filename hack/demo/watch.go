@@ -16,7 +16,7 @@ import (
 // watcher logs every change the demo's components make, as it happens:
 // VolumeAttachments (the controller creates and deletes them, csi-attacher
 // attaches and detaches), node status (the controller writes
-// volumesAttached, kubeletsim volumesInUse), pods, and the controller's
+// volumesAttached, kubelet volumesInUse), pods, and the controller's
 // events on pods.
 type watcher struct {
 	p         *printer
@@ -143,10 +143,10 @@ func (w *watcher) nodeUpdated(oldObj, newObj any) {
 	}
 	added, removed = diff(inUseNames(old), inUseNames(node))
 	for _, n := range added {
-		w.p.event(cyan, "mounted", "kubeletsim mounted %s on %s (status.volumesInUse)", n, node.Name)
+		w.p.event(cyan, "in use", "kubelet of %s reports %s in use (status.volumesInUse): it mounts it once the controller lists it attached", node.Name, n)
 	}
 	for _, n := range removed {
-		w.p.event(cyan, "unmounted", "kubeletsim unmounted %s from %s (status.volumesInUse)", n, node.Name)
+		w.p.event(cyan, "unmounted", "kubelet of %s unmounted %s (gone from status.volumesInUse)", node.Name, n)
 	}
 }
 
@@ -196,11 +196,14 @@ func (w *watcher) podUpdated(oldObj, newObj any) {
 	if ok1 && ok2 && old.DeletionTimestamp == nil && pod.DeletionTimestamp != nil {
 		w.p.event("", "pod", "%s/%s is being deleted", pod.Namespace, pod.Name)
 	}
+	if ok1 && ok2 && old.Status.Phase != v1.PodRunning && pod.Status.Phase == v1.PodRunning {
+		w.p.event(green, "running", "%s/%s Running on %s: its kubelet mounted %s", pod.Namespace, pod.Name, pod.Spec.NodeName, strings.Join(claimsOf(pod), ", "))
+	}
 }
 
 func (w *watcher) podDeleted(obj any) {
 	if pod, ok := unwrap(obj).(*v1.Pod); ok {
-		w.p.event("", "pod", "%s/%s deleted (kubeletsim stopped it and unmounted its volumes)", pod.Namespace, pod.Name)
+		w.p.event("", "pod", "%s/%s deleted (its kubelet stopped it and unmounted its volumes)", pod.Namespace, pod.Name)
 	}
 }
 

@@ -229,3 +229,29 @@ func waitForEvent(ctx context.Context, client kubernetes.Interface, podName, rea
 		}
 	}
 }
+
+// waitForRunning waits until the pods are Running: their kubelets mounted
+// their volumes.
+func waitForRunning(ctx context.Context, client kubernetes.Interface, pods ...pod) error {
+	deadline := time.Now().Add(stateTimeout)
+	for _, p := range pods {
+		for {
+			got, err := client.CoreV1().Pods(namespace).Get(ctx, p.name, metav1.GetOptions{})
+			if err != nil {
+				return fmt.Errorf("get pod %s: %w", p.name, err)
+			}
+			if got.Status.Phase == v1.PodRunning {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("pod %s/%s not Running after %s (phase %s)", namespace, p.name, stateTimeout, got.Status.Phase)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}

@@ -42,13 +42,18 @@ func PVCVolumes(claims ...string) []v1.Volume {
 }
 
 // Pod returns a pod already scheduled to node (spec.nodeName set), with the
-// given volumes.
+// given volumes, each mounted by its container at /mnt/<volume name> (a real
+// kubelet sets up only the volumes a container uses).
 func Pod(ns, name, node string, volumes ...v1.Volume) *v1.Pod {
+	container := v1.Container{Name: "pause", Image: pauseImage}
+	for _, v := range volumes {
+		container.VolumeMounts = append(container.VolumeMounts, v1.VolumeMount{Name: v.Name, MountPath: "/mnt/" + v.Name})
+	}
 	return &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: v1.PodSpec{
 			NodeName:   node,
-			Containers: []v1.Container{{Name: "pause", Image: pauseImage}},
+			Containers: []v1.Container{container},
 			Volumes:    volumes,
 		},
 	}

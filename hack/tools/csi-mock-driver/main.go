@@ -8,7 +8,11 @@
 //   - Node ID: the mock knows exactly one node, whose ID is the driver name.
 //     ControllerPublish/Unpublish with any other node ID fail with NotFound, so
 //     every CSINode must list this driver with nodeID = --driver-name (all
-//     simulated nodes share it; the mock cannot tell them apart).
+//     simulated nodes share it; the mock cannot tell them apart). With
+//     --any-node-id, any node ID is accepted and ListVolumes reports each
+//     volume published on the node IDs it was published to: one controller
+//     endpoint serves the CSI external-attacher for many real kubelets, each
+//     with a driver of its own (node mode, below).
 //   - Volume handles (default mode): a handle must be the ID of a volume the
 //     mock holds, else ControllerPublish fails with NotFound (a handy way to
 //     make an attach fail). IDs are decimal counters: "1", "2" and "3" always
@@ -23,6 +27,16 @@
 //
 // The mock reports every volume it holds as published on its one node in
 // ListVolumes; the attacher's periodic reconcile therefore never un-attaches.
+//
+// Node mode, for a real kubelet (hack/tools/hollow-node): --node-id sets the
+// node ID NodeGetInfo reports (kubelet writes it to the node's CSINode and the
+// attacher passes it to ControllerPublish), and --kubelet-registration-dir,
+// kubelet's <root-dir>/plugins_registry, makes the driver register with that
+// kubelet as node-driver-registrar does: it serves the plugin registration
+// service (k8s.io/kubelet/pkg/apis/pluginregistration/v1) on
+// <dir>/<driver-name>-reg.sock, naming --endpoint as the CSI socket. The node
+// service stages and publishes any handle with --any-handle, so the kubelet's
+// volume manager mounts the volume and the pod runs.
 package main
 
 import (
@@ -31,10 +45,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -49,13 +65,16 @@ import (
 
 // options are the command line flags.
 type options struct {
-	endpoint       string
-	driverName     string
-	attachRequired bool
-	volumes        string
-	preprovision   int
-	anyHandle      bool
-	stopTimeout    time.Duration
+	endpoint        string
+	driverName      string
+	attachRequired  bool
+	volumes         string
+	preprovision    int
+	anyHandle       bool
+	anyNodeID       bool
+	nodeID          string
+	registrationDir string
+	stopTimeout     time.Duration
 }
 
 func (o *options) addFlags(fs *flag.FlagSet) {
@@ -65,6 +84,9 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.volumes, "volumes", "", "Comma-separated volume names to create at start, before the socket is served.")
 	fs.IntVar(&o.preprovision, "preprovision", 0, "Number of further volumes to create at start, named mock-vol-1 ... mock-vol-N.")
 	fs.BoolVar(&o.anyHandle, "any-handle", false, "Accept any volume handle: a handle names a mock volume, created on first use.")
+	fs.BoolVar(&o.anyNodeID, "any-node-id", false, "Accept ControllerPublish/Unpublish for any node ID (one controller endpoint for many nodes' drivers).")
+	fs.StringVar(&o.nodeID, "node-id", "", "Node ID that NodeGetInfo reports. Default: --driver-name.")
+	fs.StringVar(&o.registrationDir, "kubelet-registration-dir", "", "Kubelet's plugins_registry directory: register the driver with that kubelet through <dir>/<driver-name>-reg.sock.")
 	fs.DurationVar(&o.stopTimeout, "stop-timeout", 5*time.Second, "How long in-flight calls may finish at shutdown before they are cut.")
 }
 
@@ -152,7 +174,7 @@ func run(ctx context.Context, opts options, out io.Writer) error {
 		DriverName:    opts.driverName,
 		DisableAttach: !opts.attachRequired,
 	})
-	ctrl := &controller{Service: mock, anyHandle: opts.anyHandle}
+	ctrl := &driver{Service: mock, anyHandle: opts.anyHandle, anyNodeID: opts.anyNodeID, name: opts.driverName, nodeID: opts.nodeID}
 
 	// Volumes exist before the socket does: a client that sees the socket
 	// can use every printed handle.
@@ -181,15 +203,33 @@ func run(ctx context.Context, opts options, out io.Writer) error {
 	srv := grpc.NewServer(grpc.UnaryInterceptor(logCalls(logger)))
 	csi.RegisterIdentityServer(srv, mock)
 	csi.RegisterControllerServer(srv, ctrl)
-	csi.RegisterNodeServer(srv, mock)
+	csi.RegisterNodeServer(srv, ctrl)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
-	logger.Info("Serving mock CSI driver", "endpoint", path, "attachRequired", opts.attachRequired, "anyHandle", opts.anyHandle)
+	logger.Info("Serving mock CSI driver", "endpoint", path, "attachRequired", opts.attachRequired, "anyHandle", opts.anyHandle, "anyNodeID", opts.anyNodeID, "nodeID", ctrl.nodeIDOrName())
+
+	// Kubelet dials the CSI socket once it has the registration socket:
+	// the CSI socket comes first.
+	var regErr <-chan error
+	if opts.registrationDir != "" {
+		reg, err := startRegistration(ctx, opts.registrationDir, opts.driverName, path)
+		if err != nil {
+			srv.Stop()
+			<-serveErr
+			return err
+		}
+		defer reg.stop()
+		regErr = reg.done
+	}
 
 	select {
 	case err := <-serveErr:
 		return fmt.Errorf("serve CSI on %s: %w", path, err)
+	case err := <-regErr:
+		srv.Stop()
+		<-serveErr
+		return err
 	case <-ctx.Done():
 	}
 	logger.Info("Shutting down")
@@ -245,7 +285,7 @@ func printVolumes(ctx context.Context, mock csi.ControllerServer, out io.Writer)
 	return nil
 }
 
-// controller guards the mock's controller service. The mock hands out
+// driver guards the mock's controller and node services. The mock hands out
 // volumes whose VolumeContext maps it keeps mutating under its own lock,
 // while gRPC marshals responses after the handler returned: ListVolumes and
 // ControllerPublish racing that way crash with a concurrent map access. So
@@ -255,23 +295,37 @@ func printVolumes(ctx context.Context, mock csi.ControllerServer, out io.Writer)
 // knows the IDs it generated): the handle is the volume's name, created on
 // first use, and ListVolumes reports names as IDs so that csi-attacher's
 // reconcile finds the handles it attached.
-type controller struct {
+//
+// With anyNodeID, the mock is given its own node ID for every node and the
+// node IDs a volume is published to are kept here, for ListVolumes.
+type driver struct {
 	service.Service
 	anyHandle bool
-	mu        sync.Mutex
+	anyNodeID bool
+	name      string
+	// nodeID is what NodeGetInfo reports; empty: the mock's own (name).
+	nodeID string
+
+	mu sync.Mutex
+	// published holds, per volume ID, the node IDs it is published to
+	// (anyNodeID only).
+	published map[string]map[string]bool
 }
 
-var _ csi.ControllerServer = (*controller)(nil)
+var (
+	_ csi.ControllerServer = (*driver)(nil)
+	_ csi.NodeServer       = (*driver)(nil)
+)
 
 // volumeID maps a handle to the mock's volume ID. Called with mu held.
-func (c *controller) volumeID(ctx context.Context, handle string) (string, error) {
+func (c *driver) volumeID(ctx context.Context, handle string) (string, error) {
 	if !c.anyHandle || handle == "" {
 		return handle, nil
 	}
 	return createVolume(ctx, c.Service, handle)
 }
 
-func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+func (c *driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	resp, err := c.Service.CreateVolume(ctx, req)
@@ -281,7 +335,7 @@ func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	return proto.CloneOf(resp), nil
 }
 
-func (c *controller) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
+func (c *driver) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	id, err := c.volumeID(ctx, req.GetVolumeId())
@@ -290,10 +344,24 @@ func (c *controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 	}
 	req = proto.CloneOf(req)
 	req.VolumeId = id
-	return c.Service.ControllerPublishVolume(ctx, req)
+	node := req.NodeId
+	if c.anyNodeID && node != "" {
+		req.NodeId = c.name
+	}
+	resp, err := c.Service.ControllerPublishVolume(ctx, req)
+	if err == nil && c.anyNodeID {
+		if c.published == nil {
+			c.published = map[string]map[string]bool{}
+		}
+		if c.published[id] == nil {
+			c.published[id] = map[string]bool{}
+		}
+		c.published[id][node] = true
+	}
+	return resp, err
 }
 
-func (c *controller) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
+func (c *driver) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	id, err := c.volumeID(ctx, req.GetVolumeId())
@@ -302,10 +370,30 @@ func (c *controller) ControllerUnpublishVolume(ctx context.Context, req *csi.Con
 	}
 	req = proto.CloneOf(req)
 	req.VolumeId = id
+	if !c.anyNodeID {
+		return c.Service.ControllerUnpublishVolume(ctx, req)
+	}
+	// The mock keeps one publication for all nodes: it is withdrawn when
+	// the last node's is.
+	node := req.NodeId
+	nodes := c.published[id]
+	if node != "" && !nodes[node] {
+		return &csi.ControllerUnpublishVolumeResponse{}, nil
+	}
+	if node == "" {
+		clear(nodes)
+	} else {
+		delete(nodes, node)
+	}
+	if len(nodes) > 0 {
+		return &csi.ControllerUnpublishVolumeResponse{}, nil
+	}
+	delete(c.published, id)
+	req.NodeId = c.name
 	return c.Service.ControllerUnpublishVolume(ctx, req)
 }
 
-func (c *controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+func (c *driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	resp, err := c.Service.ListVolumes(ctx, req)
@@ -313,8 +401,12 @@ func (c *controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 		return nil, err
 	}
 	resp = proto.CloneOf(resp)
-	if c.anyHandle {
-		for _, e := range resp.GetEntries() {
+	for _, e := range resp.GetEntries() {
+		id := e.GetVolume().GetVolumeId()
+		if c.anyNodeID && e.GetStatus() != nil {
+			e.Status.PublishedNodeIds = slices.Sorted(maps.Keys(c.published[id]))
+		}
+		if c.anyHandle {
 			if name := e.GetVolume().GetVolumeContext()["name"]; name != "" {
 				e.Volume.VolumeId = name
 			}
@@ -323,7 +415,7 @@ func (c *controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 	return resp, nil
 }
 
-func (c *controller) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
+func (c *driver) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	id, err := c.volumeID(ctx, req.GetVolumeId())

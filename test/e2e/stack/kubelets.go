@@ -80,18 +80,9 @@ func (s *Stack) StartKubelets(ctx context.Context, o KubeletOptions) (*Process, 
 }
 
 func (s *Stack) nodeRegistered(ctx context.Context, name string) (bool, error) {
-	node, err := s.Cluster.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("get node %s: %w", name, err)
-	}
-	ready := slices.ContainsFunc(node.Status.Conditions, func(c v1.NodeCondition) bool {
-		return c.Type == v1.NodeReady && c.Status == v1.ConditionTrue
-	})
-	if !ready {
-		return false, nil
+	ready, err := s.nodeReady(ctx, name)
+	if !ready || err != nil {
+		return false, err
 	}
 	csiNode, err := s.Cluster.Client.StorageV1().CSINodes().Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -106,4 +97,18 @@ func (s *Stack) nodeRegistered(ctx context.Context, name string) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// nodeReady says whether the node exists and is Ready.
+func (s *Stack) nodeReady(ctx context.Context, name string) (bool, error) {
+	node, err := s.Cluster.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("get node %s: %w", name, err)
+	}
+	return slices.ContainsFunc(node.Status.Conditions, func(c v1.NodeCondition) bool {
+		return c.Type == v1.NodeReady && c.Status == v1.ConditionTrue
+	}), nil
 }

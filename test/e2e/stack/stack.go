@@ -143,7 +143,8 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 func (s *Stack) startDriver(ctx context.Context, mockBin, attacherBin, driver string) error {
 	socket := filepath.Join(s.Cluster.Dir, driver+".sock")
 	mock, err := s.start("csi-mock-driver-"+driver, mockBin,
-		"--endpoint="+socket, "--driver-name="+driver, "--any-handle", "-v=2")
+		// Any node ID: each hollow node's driver reports its own.
+		"--endpoint="+socket, "--driver-name="+driver, "--any-handle", "--any-node-id", "-v=2")
 	if err != nil {
 		return err
 	}
