@@ -64,7 +64,7 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 	}
 	// moveFrom0To1: rwo-0 attached to node-0 and listed there, not in use
 	// (its kubelet has unmounted it), and wanted by a new pod on node-1;
-	// quiet then keeps the moves' clocks (I11) for d.
+	// quiet lets d pass with the moves' clocks (I11) kept before and after.
 	moveFrom0To1 := func(s *Sim) {
 		for len(s.recovered) > 0 {
 			s.feedRecovered()
