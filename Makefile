@@ -119,7 +119,7 @@ test-bench:
 # seed, its world included, with its whole trace.
 SIM_SEEDS ?= 1000
 SIM_PARALLEL ?= 2
-SIM_OUTPUT := '^(=== RUN|--- |PASS|FAIL|ok)|simulation:|^ +(fault|event|violations|config) |^ +[0-9]+ seeds, first|^ +seeds:|sim_test.go'
+SIM_OUTPUT := '^(=== RUN|--- |PASS|FAIL|ok)|simulation:|^ +(fault|event|violations|config|move) |^ +[0-9]+ seeds, first|^ +seeds:|sim_test.go'
 test-sim:
 	SIM_SEEDS=$(SIM_SEEDS) SIM_PARALLEL=$(SIM_PARALLEL) $(GO_TEST) $(TEST_FLAGS) -timeout 30m -v -run 'TestSimulation|TestChecker|TestSweep' ./test/sim/ | \
 	  grep -E $(SIM_OUTPUT) ; exit $${PIPESTATUS[0]}

@@ -4,6 +4,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/budget"
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 )
 
 // ranks is how many ranks a priorityQueue has: budget.Move, budget.Attach,
@@ -81,3 +82,12 @@ func prioritized[T comparable](name string, provider workqueue.MetricsProvider, 
 	delaying := workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[T]{Name: name, MetricsProvider: provider, Queue: q})
 	return workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[T]{Name: name, DelayingQueue: delaying})
 }
+
+// Rank and NodeRank are the ranks the volume queue and the node status
+// queue give an item now (Reconciler.Rank, Reconciler.NodeRank): a driver
+// that makes the queues itself (Config.NewQueue, NewKeyQueue) and chooses
+// which item a worker takes can hand them out in the order these queues do.
+func (c *Controller) Rank(k cache.Key) int { return c.reconciler.Rank(k) }
+
+// NodeRank: see Rank.
+func (c *Controller) NodeRank(node string) int { return c.reconciler.NodeRank(node) }

@@ -56,6 +56,9 @@ import (
 //	   (a pod not read yet may want the volume).
 //	I10 no forced detach by timeout starts on a node of a zone disrupted for
 //	   a while (zones.go).
+//	I11 once faults stop, a move (a single-node volume a pod on another
+//	   node now wants) completes within a bound of simulated time once
+//	   nothing holds it back (moves.go).
 
 // checkEveryStep checks I1 and keeps the bookkeeping I2 needs.
 func (s *Sim) checkEveryStep() {

@@ -62,6 +62,22 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 		s.clock.SetTime(s.clock.Now().Add(d))
 		s.checkEveryStep()
 	}
+	// moveFrom0To1: rwo-0 attached to node-0 and listed there, not in use
+	// (its kubelet has unmounted it), and wanted by a new pod on node-1;
+	// quiet lets d pass with the moves' clocks (I11) kept before and after.
+	moveFrom0To1 := func(s *Sim) {
+		for len(s.recovered) > 0 {
+			s.feedRecovered()
+		}
+		attach(s, nodeName(0))
+		setNode(s, nodeName(0), listed)
+		s.createPod("rwo-0", nodeName(1))
+	}
+	quiet := func(s *Sim, d time.Duration) {
+		s.checkMoves()
+		s.clock.SetTime(s.clock.Now().Add(d))
+		s.checkMoves()
+	}
 
 	for _, tc := range []struct {
 		name  string
@@ -352,6 +368,59 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			later(s, time.Minute)
 			s.checkQuiet()
 		}, "I4"},
+		{"I11: a move its new node's status never lists, nothing holding it back", nil, func(s *Sim) {
+			moveFrom0To1(s)
+			quiet(s, moveBound+time.Second)
+		}, "I11"},
+		{"I11: none for a move listed within the bound", nil, func(s *Sim) {
+			moveFrom0To1(s)
+			quiet(s, moveBound)
+			s.w.remove(rAttachments, "planted-"+nodeName(0))
+			attach(s, nodeName(1))
+			setNode(s, nodeName(1), listed)
+			quiet(s, time.Hour)
+		}, ""},
+		{"I11: none while the old node has it mounted", nil, func(s *Sim) {
+			moveFrom0To1(s)
+			setNode(s, nodeName(0), mounted)
+			quiet(s, time.Hour)
+		}, ""},
+		{"I11: the bound runs from the old kubelet's unmount", nil, func(s *Sim) {
+			moveFrom0To1(s)
+			setNode(s, nodeName(0), mounted)
+			quiet(s, time.Hour)
+			setNode(s, nodeName(0), func(n *v1.Node) { n.Status.VolumesInUse = nil })
+			quiet(s, moveBound+time.Second)
+		}, "I11"},
+		{"I11: none while the old node is not Ready", nil, func(s *Sim) {
+			moveFrom0To1(s)
+			setNode(s, nodeName(0), notReady)
+			quiet(s, time.Hour)
+		}, ""},
+		{"I11: none while the new node is not Ready", nil, func(s *Sim) {
+			moveFrom0To1(s)
+			setNode(s, nodeName(1), notReady)
+			quiet(s, time.Hour)
+		}, ""},
+		{"I11: none for a volume pods on two nodes want", nil, func(s *Sim) {
+			moveFrom0To1(s)
+			s.createPod("rwo-0", nodeName(2))
+			quiet(s, time.Hour)
+		}, ""},
+		{"I11: none while faults go on", nil, func(s *Sim) {
+			moveFrom0To1(s)
+			s.faults = true
+			quiet(s, time.Hour)
+		}, ""},
+		{"I11: none while the controller reads its pods after a start", nil, func(s *Sim) {
+			moveFrom0To1(s)
+			s.replace()
+			quiet(s, time.Hour)
+		}, ""},
+		{"I11: an attach of a volume attached nowhere else", nil, func(s *Sim) {
+			s.createPod("rwo-0", nodeName(1))
+			quiet(s, moveBound+time.Second)
+		}, "I11"},
 		{"I4: quiet with a pod's volume whose VolumeAttachment a third party deleted before the informer showed it", nil, func(s *Sim) {
 			s.createPod("rwo-0", nodeName(0))
 			attach(s, nodeName(0))

@@ -60,6 +60,7 @@ func (s *Sim) runUntilQuiet() bool {
 			}
 		}
 		s.checkEveryStep()
+		s.checkMoves()
 		s.checkHandoff()
 	}
 	if len(s.violations) == 0 {

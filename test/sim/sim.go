@@ -195,6 +195,8 @@ type Sim struct {
 	// answerOnWay counts, per node, the status writes that landed and
 	// whose answer has not reached the controller yet.
 	answerOnWay map[string]int
+	// moves: the clock of each move nothing holds back (I11, moves.go).
+	moves map[pair]move
 }
 
 type pair struct{ pv, node string }
@@ -653,8 +655,7 @@ func (s *Sim) resync() {
 
 // work starts a worker on one ready item of q.
 func (s *Sim) work(q runnable) {
-	r := q.readyNames()
-	item := q.takeAt(s.rng.Intn(len(r)))
+	item := q.takeAt(s.pick(q))
 	name := q.queueName()
 	desc := name + " " + item
 	s.tracef("work %s", desc)
