@@ -75,9 +75,9 @@ type Options struct {
 // NewOptions returns the defaults.
 func NewOptions() *Options {
 	return &Options{
-		KubeAPIQPS:            50,
-		KubeAPIBurst:          100,
-		Nodes:                 1,
+		KubeAPIQPS:              50,
+		KubeAPIBurst:            100,
+		Nodes:                   1,
 		NodePrefix:              "kubeletsim-node-",
 		MigratedPlugins:         slices.Clone(AllMigratedPlugins),
 		DriverRegistrationDelay: time.Second,
