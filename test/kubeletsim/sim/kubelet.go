@@ -214,10 +214,15 @@ func (s *Simulator) deletePod(ctx context.Context, pod *v1.Pod) error {
 	return nil
 }
 
+// reconstructed stands for the pods, unknown, that a volume found mounted
+// at start was mounted for.
+const reconstructed types.UID = "reconstructed"
+
 // reconstruct rebuilds, after a start, what each node has mounted: what its
-// node status lists in use and attached for a pod there (kubelet finds its
-// mounts on disk). Those stay in use; the rest waits for the pods to be
-// read again.
+// node status lists in use and attached (kubelet finds its mounts on disk),
+// for the pods there that use it, or for pods gone (unmounted at the first
+// sync). Those stay in use until unmounted; the rest waits for the pods to
+// be read again.
 func (s *Simulator) reconstruct(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	for _, name := range s.nodeNames {
@@ -237,8 +242,13 @@ func (s *Simulator) reconstruct(ctx context.Context) {
 		k.mu.Lock()
 		for _, v := range node.Status.VolumesInUse {
 			k.reported.Insert(string(v))
-			if attached.Has(string(v)) && want[string(v)].Len() > 0 {
-				k.mounted[string(v)] = want[string(v)].Clone()
+			if !attached.Has(string(v)) {
+				continue
+			}
+			if pods := want[string(v)]; pods.Len() > 0 {
+				k.mounted[string(v)] = pods.Clone()
+			} else {
+				k.mounted[string(v)] = sets.New(reconstructed)
 			}
 		}
 		if len(k.mounted) > 0 {

@@ -221,6 +221,25 @@ func TestRestartKeepsMounted(t *testing.T) {
 	wantInUse(t, ctx, client, volA, volB)
 }
 
+// A volume found mounted at start whose pod is gone is unmounted, and
+// leaves volumesInUse only at the status update after that.
+func TestRestartUnmountsWhatNoPodUses(t *testing.T) {
+	node := &v1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "n-0"},
+		Status: v1.NodeStatus{
+			Conditions:      []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}},
+			VolumesInUse:    unique(volA),
+			VolumesAttached: attached(volA),
+		},
+	}
+	client, ctx, s, stop := startSimulator(t, lifecycleOptions(), node, pvA(), boundPVC("c-a", "pv-a"))
+	defer stop()
+	waitStarted(t, ctx, s)
+	eventually(t, ctx, "unmounted", func() (bool, error) { return !isMounted(s, volA), nil })
+	tick(t, ctx, s)
+	wantInUse(t, ctx, client)
+}
+
 // The status loop writes volumesInUse on its own, every period.
 func TestStatusLoop(t *testing.T) {
 	opts := lifecycleOptions()
