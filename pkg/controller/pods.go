@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -149,6 +150,11 @@ func (c *Controller) podVolumes(ctx context.Context, pod *v1.Pod, tell bool) []c
 					"volume %q stays attached as %s until the pod terminates, but it can no longer be resolved: %s", vol.Name, former.Name, err))
 				break
 			}
+			if wait := c.claimGraceLeft(pod, err); tell && wait > 0 {
+				logger.V(2).Info("Claim not found yet: the pod is warned if it is still missing then", "volume", vol.Name, "reason", err, "after", wait)
+				c.podQueue.AddAfter(key, wait)
+				break
+			}
 			report(vol.Name, "FailedAttachVolume", fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", vol.Name, err))
 		case spec != nil:
 			vols = append(vols, cache.PodVolume{Name: vol.Name, Spec: spec})
@@ -226,6 +232,32 @@ func describeSpec(s *volume.Spec) string {
 // unbound claim).
 var errWaiting = errors.New("waiting")
 
+// claimMissingError: the pod's claim is not in the lister.
+type claimMissingError struct{ claim string }
+
+func (e *claimMissingError) Error() string {
+	return fmt.Sprintf("PersistentVolumeClaim %q not found", e.claim)
+}
+
+// claimGrace is how long after a pod's creation its missing claim is only
+// waited for: the ephemeral volume controller creates a generic ephemeral
+// volume's claim right after the pod, and a claim applied with its pod may
+// come a moment later. kube-controller-manager never warns of a missing
+// claim (it logs it at V(10) and waits for the claim's event); the volume
+// is not attached either way, and the claim's arrival queues the pod.
+const claimGrace = 10 * time.Second
+
+// claimGraceLeft is how long a pod whose volume failed with err is yet to
+// wait before it is warned: some of claimGrace when the claim is missing,
+// else 0.
+func (c *Controller) claimGraceLeft(pod *v1.Pod, err error) time.Duration {
+	var missing *claimMissingError
+	if !errors.As(err, &missing) {
+		return 0
+	}
+	return claimGrace - c.clock.Since(pod.CreationTimestamp.Time)
+}
+
 func (c *Controller) podVolume(ctx context.Context, pod *v1.Pod, vol *v1.Volume) (*volume.Spec, error) {
 	src := volume.Source{Inline: vol, PodNamespace: pod.Namespace}
 	if claim := volume.ClaimName(pod, vol); claim != "" {
@@ -250,7 +282,7 @@ func (c *Controller) podVolume(ctx context.Context, pod *v1.Pod, vol *v1.Volume)
 func (c *Controller) claimedPV(pod *v1.Pod, vol *v1.Volume, claim string) (*v1.PersistentVolume, error) {
 	pvc, err := c.pvcs.PersistentVolumeClaims(pod.Namespace).Get(claim)
 	if apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("PersistentVolumeClaim %q not found", pod.Namespace+"/"+claim)
+		return nil, &claimMissingError{claim: pod.Namespace + "/" + claim}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get PersistentVolumeClaim %s/%s: %w", pod.Namespace, claim, err)

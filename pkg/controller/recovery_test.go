@@ -259,6 +259,8 @@ func TestRecoverReadsPodsInOrder(t *testing.T) {
 		want = append(want, fmt.Sprintf(`PersistentVolumeClaim "default/claim-%s" not found`, name))
 	}
 	f := newFixture(t, objs...)
+	// Every claim has been missing longer than the grace.
+	f.clock.Step(2*time.Minute + claimGrace)
 	if err := f.c.Recover(f.ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package controller
 import (
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -264,5 +265,57 @@ func checkEvents(t *testing.T, got, want []string) {
 	}
 	if !ok {
 		t.Errorf("events:\n got  %q\n want (prefixes) %q", got, want)
+	}
+}
+
+// A pod's claim that is missing right after the pod's creation (a generic
+// ephemeral volume's, before the ephemeral volume controller made it) is
+// waited for quietly; the pod is synced again once claimGrace has passed,
+// and warned only if it is still missing then.
+func TestSyncPodMissingClaimGrace(t *testing.T) {
+	ephemeralPod := func() *v1.Pod {
+		p := pod("pod-a", "node-1")
+		p.CreationTimestamp = metav1.NewTime(epoch)
+		p.Spec.Volumes = []v1.Volume{{Name: "scratch", VolumeSource: v1.VolumeSource{Ephemeral: &v1.EphemeralVolumeSource{}}}}
+		return p
+	}
+	ownedClaim := func() *v1.PersistentVolumeClaim {
+		c := claim("pod-a-scratch")
+		c.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "pod-a", UID: "uid-pod-a", Controller: new(true)}}
+		return c
+	}
+	pvA := csiPV("pod-a-scratch", "h1")
+	const warning = `Warning FailedAttachVolume AttachVolume.Attach failed for volume "scratch" : PersistentVolumeClaim "default/pod-a-scratch" not found`
+	for _, tc := range []struct {
+		name       string
+		after      time.Duration // since the pod's creation, at the second sync
+		claimMade  bool          // the claim is there at the second sync
+		wantEvents []string
+	}{
+		{name: "still missing after the grace: warned", after: claimGrace, wantEvents: []string{warning}},
+		{name: "still missing within the grace: not warned", after: claimGrace - time.Second},
+		{name: "made within the grace: never warned, wanted", after: claimGrace / 2, claimMade: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, node("node-1"), ephemeralPod(), pvA)
+			if err := f.c.syncPod(f.ctx, "default/pod-a"); err != nil {
+				t.Fatal(err)
+			}
+			checkEvents(t, f.takeEvents(), nil)
+			if got := f.queues[QueuePods].after["default/pod-a"]; got != claimGrace {
+				t.Errorf("pod synced again after %v, want after the grace, %v", got, claimGrace)
+			}
+			f.clock.Step(tc.after)
+			if tc.claimMade {
+				f.load(node("node-1"), ephemeralPod(), ownedClaim(), pvA)
+			}
+			if err := f.c.syncPod(f.ctx, "default/pod-a"); err != nil {
+				t.Fatal(err)
+			}
+			checkEvents(t, f.takeEvents(), tc.wantEvents)
+			if tc.claimMade && len(f.desiredState()) != 1 {
+				t.Errorf("desired state %q, want the ephemeral volume", f.desiredState())
+			}
+		})
 	}
 }

@@ -3,13 +3,20 @@ package migration
 import (
 	"fmt"
 	"strings"
+	"time"
 )
 
 // DriverNotInstalledError: the node's CSINode says the plugin is migrated,
 // but the CSI driver that replaces it is not registered there (yet).
 type DriverNotInstalledError struct {
 	Plugin, Node, Driver string
+	// Since is when the CSINode was created: kubelet creates it at start,
+	// before its drivers register.
+	Since time.Time
 }
+
+// PendingSince is when the driver could first have been registered.
+func (e *DriverNotInstalledError) PendingSince() time.Time { return e.Since }
 
 func (e *DriverNotInstalledError) Error() string {
 	return fmt.Sprintf("in-tree plugin %s is migrated on node %s but driver %s is not installed", e.Plugin, e.Node, e.Driver)

@@ -232,7 +232,7 @@ func decideFromCSINode(csiNode *storagev1.CSINode, plugin, driver string) (Decis
 			return d, nil
 		}
 	}
-	return d, &DriverNotInstalledError{Plugin: plugin, Node: csiNode.Name, Driver: driver}
+	return d, &DriverNotInstalledError{Plugin: plugin, Node: csiNode.Name, Driver: driver, Since: csiNode.CreationTimestamp.Time}
 }
 
 func migratedPlugins(csiNode *storagev1.CSINode) map[string]bool {

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -388,5 +389,19 @@ func TestSetCSINodeInfos(t *testing.T) {
 	view.SetCSINodeInfos(nil)
 	if _, err := view.Decision(node, ebs); !errors.As(err, &missing) || len(missing.Objects) != 1 {
 		t.Errorf("CRD removed: error = %v, want waiting for the CSINode only", err)
+	}
+}
+
+// A driver not registered yet says since when it could have been: when its
+// kubelet created the CSINode, at start.
+func TestDriverNotInstalledSince(t *testing.T) {
+	created := metav1.NewTime(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	cn := csiNode("node-1", "kubernetes.io/aws-ebs")
+	cn.CreationTimestamp = created
+	view := NewNodeView(csiNodeLister(t, cn), nil)
+	_, err := view.Decision("node-1", "kubernetes.io/aws-ebs")
+	var pending interface{ PendingSince() time.Time }
+	if !errors.As(err, &pending) || !pending.PendingSince().Equal(created.Time) {
+		t.Errorf("error %v: want one pending since the CSINode's creation, %v", err, created)
 	}
 }

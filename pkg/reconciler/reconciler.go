@@ -254,8 +254,14 @@ func (r *Reconciler) act(ctx context.Context, d Decision, now time.Time, again b
 			return res, nil
 		}
 		// The mechanism is undecided: retry with backoff; the arrival of the
-		// node's information re-queues the key at once.
-		r.warnOnce(d, "FailedAttachVolume", sameFor(fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", displayName(d.Spec), d.Spec.Pending)))
+		// node's information re-queues the key at once. A driver that has
+		// not registered yet on a kubelet that just started is waited for
+		// quietly a while (undecidedGrace).
+		if wait := undecidedGrace - now.Sub(d.Spec.PendingSince); !d.Spec.PendingSince.IsZero() && wait > 0 {
+			logger.V(2).Info("Mechanism undecided: the pods are warned if it still is then", "reason", d.Spec.Pending, "after", wait)
+		} else {
+			r.warnOnce(d, "FailedAttachVolume", sameFor(fmt.Sprintf("AttachVolume.Attach failed for volume %q : %s", displayName(d.Spec), d.Spec.Pending)))
+		}
 		return Result{}, fmt.Errorf("volume %s on node %s: %s", k.Volume, k.Node, d.Reason)
 	case Wait:
 		if !d.Unread {
@@ -557,6 +563,15 @@ func (r *Reconciler) announceAttached(d Decision) {
 func (r *Reconciler) warnOnce(d Decision, reason string, msg func(cache.PodRef) string) {
 	r.warn(d, reason, msg, "")
 }
+
+// undecidedGrace is how long after a kubelet created its CSINode a
+// migrated plugin whose CSI driver has not registered there is waited for
+// before the pods are warned: kubelet writes the CSINode, every translatable
+// plugin listed as migrated, at start, and its drivers register a moment
+// later. kube-controller-manager v1.37 reads no CSINode for them and posts
+// nothing; the key still retries with backoff, and the CSINode's update
+// queues it at once.
+const undecidedGrace = 30 * time.Second
 
 // waitingForDetachWarned stands for "told it waits for a detach elsewhere"
 // among the messages a pod was told.

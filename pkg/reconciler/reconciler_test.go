@@ -30,6 +30,7 @@ const (
 
 	pendingReason = "CSINode node-1 not found: can't tell whether in-tree plugin kubernetes.io/aws-ebs is migrated"
 	ebsInTree     = volume.Name("kubernetes.io/aws-ebs/vol-ebs")
+	driverPending = "in-tree plugin kubernetes.io/aws-ebs is migrated on node node-1 but driver ebs.csi.aws.com is not installed"
 	iscsiName     = volume.Name("kubernetes.io/iscsi/10.0.0.1:3260:iqn.2001-04.com.example:storage:0")
 )
 
@@ -55,6 +56,13 @@ var (
 		Name: ebsInTree, Aliases: []volume.Name{ebsCSI}, PluginName: "kubernetes.io/aws-ebs",
 		Driver: "ebs.csi.aws.com", VolumeHandle: "vol-ebs", PVName: "pv-ebs", SingleNode: true,
 		Pending: pendingReason,
+	}
+	// specPendingSince waits for its driver to register on a node whose
+	// CSINode was created at t0.
+	specPendingSince = &volume.Spec{
+		Name: ebsInTree, Aliases: []volume.Name{ebsCSI}, PluginName: "kubernetes.io/aws-ebs",
+		Driver: "ebs.csi.aws.com", VolumeHandle: "vol-ebs", PVName: "pv-ebs", SingleNode: true,
+		Pending: driverPending, PendingSince: t0,
 	}
 	specEBSInTree = &volume.Spec{
 		Name: ebsInTree, Aliases: []volume.Name{ebsCSI}, Kind: volume.KindInTree, PluginName: "kubernetes.io/aws-ebs",
@@ -786,6 +794,17 @@ func TestSync(t *testing.T) {
 				{key: key(specPending, node1), wantErr: "volume " + string(ebsInTree) + " on node node-1: " + pendingReason,
 					wantEvents: []string{failed("pv-ebs", pendingReason)}},
 				{key: key(specPending, node1), wantErr: "volume " + string(ebsInTree) + " on node node-1: " + pendingReason},
+			},
+			wantActual: map[cache.Key]attView{},
+		},
+		{
+			name: "pending since the node's CSINode was created (its driver not registered yet): warned only once that lasts undecidedGrace",
+			pods: []wants{{podA, node1, []*volume.Spec{specPendingSince}}},
+			steps: []step{
+				{key: key(specPendingSince, node1), wantErr: "volume " + string(ebsInTree) + " on node node-1: " + driverPending},
+				{advance: undecidedGrace - time.Second, key: key(specPendingSince, node1), wantErr: "volume " + string(ebsInTree) + " on node node-1: " + driverPending},
+				{advance: time.Second, key: key(specPendingSince, node1), wantErr: "volume " + string(ebsInTree) + " on node node-1: " + driverPending,
+					wantEvents: []string{failed("pv-ebs", driverPending)}},
 			},
 			wantActual: map[cache.Key]attView{},
 		},

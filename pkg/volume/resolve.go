@@ -3,6 +3,7 @@ package volume
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	csitrans "k8s.io/csi-translation-lib"
@@ -141,6 +142,10 @@ func resolveMigratable(logger klog.Logger, p InTreePlugin, ps *pluginSource, src
 	case err != nil:
 		spec.Name, spec.Aliases = inTree, []Name{csiName}
 		spec.Pending = err.Error()
+		var since interface{ PendingSince() time.Time }
+		if errors.As(err, &since) {
+			spec.PendingSince = since.PendingSince()
+		}
 		logger.V(4).Info("Migration of in-tree volume undecided on node", "volume", inTree, "node", node, "reason", spec.Pending)
 	case kind == KindCSI:
 		spec.Name, spec.Aliases = csiName, []Name{inTree}

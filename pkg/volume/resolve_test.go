@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2/ktesting"
@@ -127,6 +128,13 @@ func TestResolve(t *testing.T) {
 		{
 			name: "ebs pv pending", src: Source{PV: ebsPV}, decider: &fakeDecider{err: pending},
 			want: &Spec{Name: ebsInTree, Aliases: []Name{ebsCSIName}, Pending: pending.Error(),
+				PluginName: "kubernetes.io/aws-ebs", Driver: "ebs.csi.aws.com", VolumeHandle: "vol-abc",
+				PVName: "pv-1", PV: ebsPV, SingleNode: true},
+			wantCalls: []string{"node-1|kubernetes.io/aws-ebs"},
+		},
+		{
+			name: "ebs pv pending, since when known", src: Source{PV: ebsPV}, decider: &fakeDecider{err: pendingSinceErr{}},
+			want: &Spec{Name: ebsInTree, Aliases: []Name{ebsCSIName}, Pending: pendingSinceErr{}.Error(), PendingSince: pendingSinceT,
 				PluginName: "kubernetes.io/aws-ebs", Driver: "ebs.csi.aws.com", VolumeHandle: "vol-abc",
 				PVName: "pv-1", PV: ebsPV, SingleNode: true},
 			wantCalls: []string{"node-1|kubernetes.io/aws-ebs"},
@@ -272,3 +280,11 @@ func TestAllNames(t *testing.T) {
 		t.Errorf("AllNames = %v", got)
 	}
 }
+
+var pendingSinceT = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// pendingSinceErr is undecided since pendingSinceT.
+type pendingSinceErr struct{}
+
+func (pendingSinceErr) Error() string           { return "driver not registered yet" }
+func (pendingSinceErr) PendingSince() time.Time { return pendingSinceT }

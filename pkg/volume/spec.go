@@ -7,6 +7,7 @@ package volume
 
 import (
 	"slices"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 )
@@ -64,6 +65,10 @@ type Spec struct {
 	// node yet (it names the missing object). Name is then the in-tree name and
 	// Aliases holds the CSI name; nothing may be attached until it is decided.
 	Pending string
+	// PendingSince is when what Pending says began, when the node's
+	// objects tell (a driver not registered yet: since its kubelet created
+	// the CSINode); zero otherwise.
+	PendingSince time.Time
 }
 
 // AllNames returns Name followed by Aliases.

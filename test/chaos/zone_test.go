@@ -53,6 +53,10 @@ type zone struct {
 	kubelets *stack.Process
 }
 
+// kubeletStatusPeriod is how often the simulated kubelets write
+// volumesInUse: kubelet's 10 s, shortened for a run of many rounds.
+const kubeletStatusPeriod = 2 * time.Second
+
 // zoneHold is what one zone fault made the leader do: the forced detaches
 // due when it ended, and those it held.
 type zoneHold struct {
@@ -62,7 +66,9 @@ type zoneHold struct {
 func (h *harness) newZone(name string, nodes int) *zone {
 	label := h.ns + "-" + name
 	z := &zone{name: label, opts: stack.KubeletOptions{NodePrefix: label + "-", Nodes: nodes,
-		MigratedPlugins: []string{awsEBSPlugin}, NodeLabels: map[string]string{v1.LabelTopologyZone: label}}}
+		MigratedPlugins: []string{awsEBSPlugin}, NodeLabels: map[string]string{v1.LabelTopologyZone: label},
+		// kubelet's order of events, in a fifth of its time.
+		ExtraArgs: []string{"--node-status-update-frequency=" + kubeletStatusPeriod.String()}}}
 	z.nodes = z.opts.NodeNames()
 	h.startKubelets(z)
 	return z

@@ -130,6 +130,8 @@ func (s *Sim) createNode(name string) {
 	delete(s.selfAttach, name)
 	delete(s.kubeletVA, name)
 	delete(s.selfMounted, name)
+	delete(s.mounts, name)
+	delete(s.statusWritten, name)
 }
 
 func (s *Sim) createCSINode(name string) {
@@ -278,62 +280,6 @@ func (s *Sim) noteWants() {
 			s.wantSeen[uid] = true
 		}
 	}
-}
-
-// kubeletChange is the volumesInUse a node's kubelet would write now, or
-// nil: a Ready node's kubelet mounts the volumes of its live pods once
-// node.status.volumesAttached lists them, and unmounts those no live pod
-// uses. A NotReady node's kubelet does nothing.
-func (s *Sim) kubeletChange(n *v1.Node) []v1.UniqueVolumeName {
-	if !ready(n) {
-		return nil
-	}
-	uses := map[string]bool{}
-	for _, o := range s.w.list(rPods) {
-		p := o.(*v1.Pod)
-		if p.Spec.NodeName == n.Name && live(p) && s.resolved(p) {
-			for _, name := range s.volumeByPV(podPV(p)).names {
-				uses[name] = true
-			}
-		}
-	}
-	var want []v1.UniqueVolumeName
-	for _, v := range n.Status.VolumesInUse {
-		if uses[string(v)] {
-			want = append(want, v)
-		}
-	}
-	attached := make([]v1.UniqueVolumeName, 0, len(n.Status.VolumesAttached))
-	for _, a := range n.Status.VolumesAttached {
-		attached = append(attached, a.Name)
-	}
-	// What a kubelet that attached by itself mounted, it reports too.
-	for name := range s.selfMounted[n.Name] {
-		attached = append(attached, v1.UniqueVolumeName(name))
-	}
-	for _, a := range attached {
-		if uses[string(a)] && !slices.Contains(want, a) {
-			want = append(want, a)
-		}
-	}
-	slices.Sort(want)
-	have := slices.Clone(n.Status.VolumesInUse)
-	slices.Sort(have)
-	if slices.Equal(want, have) {
-		return nil
-	}
-	if want == nil {
-		want = []v1.UniqueVolumeName{}
-	}
-	return want
-}
-
-func (s *Sim) kubelet(node string) {
-	n := s.w.node(node).DeepCopy()
-	want := s.kubeletChange(n)
-	s.tracef("kubelet %s: volumesInUse %v", node, want)
-	n.Status.VolumesInUse = want
-	s.w.update(rNodes, n)
 }
 
 // kubeletAttaches returns the attaches and detaches a node's kubelet that
@@ -560,14 +506,19 @@ func (s *Sim) workload() {
 		s.tracef("workload: pod %s removed at once", p.GetName())
 		s.w.remove(rPods, keyOf(p))
 	case x < 11 && len(deleting) > 0:
+		// Its kubelet stops the containers, and most often sets the
+		// phase Succeeded as well; it removes the pod once its volumes
+		// are unmounted (kubeletMounts).
 		p := deleting[pick(len(deleting))].DeepCopy()
 		if live(p) {
 			p.Status.ContainerStatuses[0].State = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 0}}
-			s.tracef("workload: pod %s containers stopped", p.Name)
+			what := "containers stopped"
+			if s.chance(0.75) {
+				p.Status.Phase = v1.PodSucceeded
+				what += ", phase Succeeded"
+			}
+			s.tracef("workload: pod %s %s", p.Name, what)
 			s.w.update(rPods, p)
-		} else {
-			s.tracef("workload: pod %s gone", p.Name)
-			s.w.remove(rPods, keyOf(p))
 		}
 	case x < 11.5 && len(running) > 0:
 		p := running[pick(len(running))].DeepCopy()

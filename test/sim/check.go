@@ -170,7 +170,24 @@ func (s *Sim) checkDetachStart(pv, node string) {
 	if !listed(inUse) && s.selfMounted[node][v.names[0]] && s.informedUse(pv, node) {
 		s.violate("I2", "detach of %s from node %s started while a live pod there uses it (mounted by a kubelet that attached it by itself, not reported in use yet)", pv, node)
 	}
-	if !listed(inUse) {
+	// Kubelet lists a volume in use as soon as a pod wants it, before it is
+	// attached, and mounts it only once it is listed there and a fresh read
+	// of node.status.volumesAttached lists it: a volume mounted was listed
+	// in use before the controller's last listing of it in volumesAttached,
+	// which the controller withdraws (and reads the answer of) before it
+	// detaches. One listed in use and not mounted (never listed in
+	// volumesAttached since, or withdrawn before kubelet could mount it)
+	// is detached when the controller decided on node facts older than the
+	// listing; kube-controller-manager reads the node again just before a
+	// detach and waits for kubelet's next status update. Harmless: counted,
+	// and judged as not in use.
+	mountedListed := listed(inUse)
+	if mountedListed && !s.mountedOn(v, node) {
+		s.stats[statInUseNotMounted]++
+		s.tracef("  detach of %s from %s: listed in volumesInUse, not mounted", pv, node)
+		mountedListed = false
+	}
+	if !mountedListed {
 		if s.wantedFor(seenWant)[pair{pv, node}] {
 			s.violate("I7", "detach of %s from node %s started while a live pod there has wanted it for %s or more (not mounted)",
 				pv, node, seenWant)
@@ -209,6 +226,16 @@ func (s *Sim) checkDetachStart(pv, node string) {
 		s.checkZoneHold(pv, node)
 	}
 }
+
+// mountedOn: node's kubelet has v mounted (for a pod, or as it attached it
+// by itself).
+func (s *Sim) mountedOn(v *simVolume, node string) bool {
+	return len(s.mounts[node][kubeletName(v)]) > 0 || s.selfMounted[node][v.names[0]]
+}
+
+// statInUseNotMounted counts the detaches of a volume its node's kubelet
+// lists in use and has not mounted.
+const statInUseNotMounted = "detach of a volume listed in use, not mounted"
 
 // informedUse: a live pod on node uses pv, and the controller's informers
 // hold that pod, its claim and the PV: it can tell.

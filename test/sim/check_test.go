@@ -26,9 +26,17 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 		s.w.create(rAttachments, va)
 		return va
 	}
+	// setNode changes a node; what it lists in use, its kubelet has
+	// mounted.
 	setNode := func(s *Sim, name string, f func(n *v1.Node)) {
 		n := s.w.node(name).DeepCopy()
 		f(n)
+		for _, v := range n.Status.VolumesInUse {
+			if s.mounts[name] == nil {
+				s.mounts[name] = map[string]map[string]bool{}
+			}
+			s.mounts[name][string(v)] = map[string]bool{"planted": true}
+		}
 		s.w.update(rNodes, n)
 	}
 	listed := func(n *v1.Node) {
@@ -104,6 +112,17 @@ func TestCheckerCatchesPlantedViolations(t *testing.T) {
 			s.checkEveryStep()
 			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
 		}, "I2"},
+		{"I2: none for a volume its kubelet lists in use and has not mounted (counted)", nil, func(s *Sim) {
+			attach(s, nodeName(0))
+			n := s.w.node(nodeName(0)).DeepCopy()
+			mounted(n)
+			s.w.update(rNodes, n)
+			s.checkEveryStep()
+			_ = s.w.deleteAttachment("planted-"+nodeName(0), metav1.DeleteOptions{})
+			if s.stats[statInUseNotMounted] != 1 {
+				s.violate("test", "not counted: %v", s.stats)
+			}
+		}, ""},
 		{"I2: forced detach from a NotReady node before the max wait", nil, func(s *Sim) {
 			attach(s, nodeName(0))
 			setNode(s, nodeName(0), func(n *v1.Node) { mounted(n); notReady(n) })

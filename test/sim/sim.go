@@ -170,6 +170,12 @@ type Sim struct {
 	// attached them by itself, and has not unmounted: it reports them in
 	// use only later.
 	selfMounted map[string]map[string]bool
+	// mounts, per node, the volumes (by kubelet's name) its kubelet has
+	// mounted, with the UIDs of the pods each is mounted for (kubelet.go);
+	// statusWritten, when its status loop last wrote volumesInUse (the
+	// tick).
+	mounts        map[string]map[string]map[string]bool
+	statusWritten map[string]time.Time
 	// reportsHeld: kubelets report no change of volumes in use (directed
 	// tests).
 	reportsHeld bool
@@ -201,6 +207,9 @@ type Sim struct {
 
 type pair struct{ pv, node string }
 
+// simEpoch is when every run starts.
+var simEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
 // Run runs one seed.
 func Run(seed int64, cfg Config) Result {
 	s := newSim(seed, cfg)
@@ -228,11 +237,11 @@ func Run(seed int64, cfg Config) Result {
 func newSim(seed int64, cfg Config) *Sim {
 	s := &Sim{
 		cfg: cfg, seed: seed, rng: rand.New(rand.NewSource(seed)),
-		clock:   clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
+		clock:   clocktesting.NewFakePassiveClock(simEpoch),
 		reports: make(chan taskReport), stats: map[string]int{}, intree: map[string]map[string]bool{},
 		unwantedSince: map[pair]time.Time{}, wantedSince: map[pair]time.Time{}, podResolved: map[string]time.Time{}, podNode: map[string]string{}, unannounced: map[pair]types.UID{}, deletedInUse: map[string][]string{}, deletedNodes: map[string]bool{},
 		taintSeen: map[string]time.Time{}, unhealthySeen: map[string]time.Time{}, deletedSeen: map[string]time.Time{}, zone: zoneState{deletedAt: map[string]time.Time{}, deletedGen: map[string]int{}, disruptedSince: map[string]time.Time{}},
-		thirdPartyListed: map[string]map[string]bool{}, thirdPartyRemoved: map[string]map[string]bool{}, flapped: map[string]bool{}, selfAttach: map[string]time.Time{}, kubeletVA: map[string]map[string]bool{}, selfMounted: map[string]map[string]bool{}, thirdPartyVA: map[string]bool{}, explained: map[cache.Key]string{}, failingUntil: map[types.UID]time.Time{}, answeredManaged: map[string]bool{}, readUnmanaged: map[string]bool{}, answerOnWay: map[string]int{},
+		thirdPartyListed: map[string]map[string]bool{}, thirdPartyRemoved: map[string]map[string]bool{}, flapped: map[string]bool{}, selfAttach: map[string]time.Time{}, kubeletVA: map[string]map[string]bool{}, selfMounted: map[string]map[string]bool{}, mounts: map[string]map[string]map[string]bool{}, statusWritten: map[string]time.Time{}, thirdPartyVA: map[string]bool{}, explained: map[cache.Key]string{}, failingUntil: map[types.UID]time.Time{}, answeredManaged: map[string]bool{}, readUnmanaged: map[string]bool{}, answerOnWay: map[string]int{},
 	}
 	s.ctx = s.logContext()
 	s.tracef("configuration: %s", cfg)
@@ -512,8 +521,11 @@ func (s *Sim) act(chaos bool) (progress bool) {
 		add(3, "periodic sync", s.periodicSync)
 	}
 	for _, n := range s.w.list(rNodes) {
-		if !s.reportsHeld && s.kubeletChange(n.(*v1.Node)) != nil {
+		if !s.reportsHeld && s.statusDue(n.GetName()) && s.kubeletChange(n.(*v1.Node)) != nil {
 			add(1.5, "kubelet", func() { s.kubelet(n.GetName()) })
+		}
+		if todo := s.kubeletMounts(n.(*v1.Node)); len(todo) > 0 {
+			add(1.5, "kubelet mounts", func() { todo[s.rng.Intn(len(todo))]() })
 		}
 		if todo := append(s.kubeletAttaches(n.(*v1.Node)), s.kubeletUnmounts(n.(*v1.Node))...); len(todo) > 0 {
 			add(1.5, "kubelet attaches", func() { todo[s.rng.Intn(len(todo))]() })
@@ -679,6 +691,17 @@ func (s *Sim) nextTimer() (time.Time, bool) {
 	first := s.zone.endAt
 	for _, q := range s.queues {
 		if at, ok := q.nextTimer(); ok && (first.IsZero() || at.Before(first)) {
+			first = at
+		}
+	}
+	// A kubelet with a change to report writes it at its status loop's
+	// next tick.
+	for _, o := range s.w.list(rNodes) {
+		n := o.(*v1.Node)
+		if s.reportsHeld || s.statusDue(n.Name) || s.kubeletChange(n) == nil {
+			continue
+		}
+		if at := s.nextStatusTick(n.Name); first.IsZero() || at.Before(first) {
 			first = at
 		}
 	}

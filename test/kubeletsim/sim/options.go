@@ -15,9 +15,22 @@ import (
 // Driver is one CSI driver registered in every node's CSINode.
 type Driver struct {
 	Name string
-	// NodeID is the driver's ID of the node; empty means the node's name.
+	// NodeID is the driver's ID of the node (what its NodeGetInfo
+	// answers); empty gives one derived from the node's name, as a cloud's
+	// instance ID is, and never the name itself.
 	NodeID string
 }
+
+// AllMigratedPlugins are the in-tree plugins kubelet v1.37 lists as
+// migrated on every CSINode, whatever driver is installed
+// (pkg/volume/csi/csi_plugin.go): every plugin that can be translated.
+var AllMigratedPlugins = []string{
+	gcePDPluginName, awsEBSPluginName, cinderPluginName, azureDiskPluginName,
+	azureFilePluginName, vspherePluginName, portworxPluginName,
+}
+
+// DefaultStatusUpdateFrequency is kubelet's nodeStatusUpdateFrequency.
+const DefaultStatusUpdateFrequency = 10 * time.Second
 
 // Options configure the simulator. The zero value is not usable: start
 // from NewOptions.
@@ -33,19 +46,28 @@ type Options struct {
 	// kubelet's --node-labels (e.g. topology.kubernetes.io/zone).
 	NodeLabels map[string]string
 
-	CSIDrivers      []Driver
+	CSIDrivers []Driver
+	// MigratedPlugins are the in-tree plugins written to every CSINode's
+	// migrated-plugins annotation, whose volumes the nodes name by their
+	// translated CSI volume. Default: AllMigratedPlugins, as kubelet v1.37;
+	// fewer (or none) for an older kubelet.
 	MigratedPlugins []string
 	// CSINodeDelay is how long after the nodes the CSINodes are created;
 	// 0 creates them with the nodes, a negative value never.
 	CSINodeDelay time.Duration
 	NoCSINode    bool
+	// DriverRegistrationDelay is how long after its CSINode is created
+	// the drivers register on a node (they are in spec.drivers, and their
+	// node IDs in the Node's annotation, from then on).
+	DriverRegistrationDelay time.Duration
 
-	// ReportUnattached reports a volume in use as soon as a pod uses it,
-	// attached or not, like the real kubelet.
-	ReportUnattached bool
-	// DeleteTerminatingPods deletes (grace period 0) pods on the simulated
-	// nodes that have a deletionTimestamp, as kubelet does once their
-	// containers stopped and volumes are unmounted.
+	// StatusUpdateFrequency is how often each node's status loop runs: the
+	// only writer of node.status.volumesInUse (kubelet's
+	// nodeStatusUpdateFrequency, 10 s).
+	StatusUpdateFrequency time.Duration
+	// DeleteTerminatingPods: pods on the simulated nodes that have a
+	// deletionTimestamp get phase Succeeded, their volumes are unmounted,
+	// then they are deleted (grace period 0), as kubelet does.
 	DeleteTerminatingPods bool
 	Workers               int
 }
@@ -53,12 +75,15 @@ type Options struct {
 // NewOptions returns the defaults.
 func NewOptions() *Options {
 	return &Options{
-		KubeAPIQPS:            50,
-		KubeAPIBurst:          100,
-		Nodes:                 1,
-		NodePrefix:            "kubeletsim-node-",
-		DeleteTerminatingPods: true,
-		Workers:               4,
+		KubeAPIQPS:              50,
+		KubeAPIBurst:            100,
+		Nodes:                   1,
+		NodePrefix:              "kubeletsim-node-",
+		MigratedPlugins:         slices.Clone(AllMigratedPlugins),
+		DriverRegistrationDelay: time.Second,
+		StatusUpdateFrequency:   DefaultStatusUpdateFrequency,
+		DeleteTerminatingPods:   true,
+		Workers:                 4,
 	}
 }
 
@@ -70,12 +95,13 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.Nodes, "nodes", o.Nodes, "Number of nodes to simulate.")
 	fs.StringVar(&o.NodePrefix, "node-prefix", o.NodePrefix, "Node names are this prefix followed by 0 ... nodes-1.")
 	fs.Var((*labelsFlag)(&o.NodeLabels), "node-labels", "Comma-separated labels (key=value) added to every node when it registers, as kubelet's --node-labels.")
-	fs.Var((*driversFlag)(&o.CSIDrivers), "csi-drivers", "Comma-separated CSI drivers of every CSINode, each name=nodeID, or name alone for nodeID = node name.")
-	fs.Var((*listFlag)(&o.MigratedPlugins), "migrated-plugins", "Comma-separated in-tree plugins (e.g. kubernetes.io/aws-ebs) the nodes handle through CSI: written to the CSINode annotation storage.alpha.kubernetes.io/migrated-plugins; their volumes are named by the translated CSI volume.")
+	fs.Var((*driversFlag)(&o.CSIDrivers), "csi-drivers", "Comma-separated CSI drivers that register on every node, each name=nodeID, or name alone for a node ID the driver derives from the node's name (never the name itself).")
+	fs.Var((*listFlag)(&o.MigratedPlugins), "migrated-plugins", "Comma-separated in-tree plugins (e.g. kubernetes.io/aws-ebs) the nodes handle through CSI: written to the CSINode annotation storage.alpha.kubernetes.io/migrated-plugins; their volumes are named by the translated CSI volume. Default: all seven, as kubelet v1.37 writes whatever is installed; fewer, or none, for an older kubelet.")
 	fs.DurationVar(&o.CSINodeDelay, "csinode-delay", o.CSINodeDelay, "Create the CSINodes this long after the nodes; 0 with the nodes, negative never.")
 	fs.BoolVar(&o.NoCSINode, "no-csinode", o.NoCSINode, "Never create CSINodes (as a negative --csinode-delay).")
-	fs.BoolVar(&o.ReportUnattached, "report-unattached", o.ReportUnattached, "Report a volume in volumesInUse as soon as a pod uses it, attached or not (the real kubelet's behaviour). By default only attached volumes are reported.")
-	fs.BoolVar(&o.DeleteTerminatingPods, "delete-terminating-pods", o.DeleteTerminatingPods, "Delete (grace period 0) pods with a deletionTimestamp on the simulated nodes once their volumes are reported unmounted, as kubelet does.")
+	fs.DurationVar(&o.DriverRegistrationDelay, "driver-registration-delay", o.DriverRegistrationDelay, "How long after its CSINode is created (with no driver, as kubelet does at start) the CSI drivers register on a node.")
+	fs.DurationVar(&o.StatusUpdateFrequency, "node-status-update-frequency", o.StatusUpdateFrequency, "How often each node's status loop runs, the only writer of node.status.volumesInUse (kubelet's nodeStatusUpdateFrequency). Tests may shorten it; the order of events stays kubelet's.")
+	fs.BoolVar(&o.DeleteTerminatingPods, "delete-terminating-pods", o.DeleteTerminatingPods, "Finish the deletion of pods with a deletionTimestamp on the simulated nodes as kubelet does: phase Succeeded, volumes unmounted, then deleted (grace period 0).")
 	fs.IntVar(&o.Workers, "workers", o.Workers, "Nodes synced in parallel.")
 }
 
@@ -111,6 +137,12 @@ func (o *Options) Validate() error {
 		if !translator.IsMigratableIntreePluginByName(p) {
 			errs = append(errs, fmt.Errorf("--migrated-plugins: %q is not a migratable in-tree plugin", p))
 		}
+	}
+	if o.StatusUpdateFrequency <= 0 {
+		errs = append(errs, fmt.Errorf("--node-status-update-frequency must be positive, got %v", o.StatusUpdateFrequency))
+	}
+	if o.DriverRegistrationDelay < 0 {
+		errs = append(errs, fmt.Errorf("--driver-registration-delay must not be negative, got %v", o.DriverRegistrationDelay))
 	}
 	if o.Workers < 1 {
 		errs = append(errs, fmt.Errorf("--workers must be >= 1, got %d", o.Workers))

@@ -46,8 +46,14 @@ func TestOptions(t *testing.T) {
 	if d, ok := o.csiNodes(); !ok || d != 2*time.Second {
 		t.Errorf("csiNodes = %v, %v", d, ok)
 	}
-	if nodeID(o.CSIDrivers[1], "sim-0") != "sim-0" || nodeID(o.CSIDrivers[0], "sim-0") != "mock.csi.example.com" {
-		t.Error("nodeID: empty means the node name")
+	if id := nodeID(o.CSIDrivers[1], "sim-0"); id == "sim-0" || id != nodeID(o.CSIDrivers[1], "sim-0") || id == nodeID(o.CSIDrivers[1], "sim-1") {
+		t.Errorf("nodeID = %q: empty gives the driver's own stable ID of the node, not its name", id)
+	}
+	if nodeID(o.CSIDrivers[0], "sim-0") != "mock.csi.example.com" {
+		t.Error("nodeID: the configured one")
+	}
+	if d := NewOptions(); !slices.Equal(d.MigratedPlugins, AllMigratedPlugins) || d.StatusUpdateFrequency != 10*time.Second {
+		t.Errorf("defaults: migrated %v, status update frequency %v; want kubelet v1.37's", d.MigratedPlugins, d.StatusUpdateFrequency)
 	}
 }
 
@@ -83,6 +89,8 @@ func TestOptionsInvalid(t *testing.T) {
 		{[]string{"--csi-drivers==id"}, "no name"},
 		{[]string{"--migrated-plugins=kubernetes.io/iscsi"}, "not a migratable"},
 		{[]string{"--workers=0"}, "--workers"},
+		{[]string{"--node-status-update-frequency=0s"}, "--node-status-update-frequency"},
+		{[]string{"--driver-registration-delay=-1s"}, "--driver-registration-delay"},
 		{[]string{"--node-labels=zone"}, "not key=value"},
 		{[]string{"--node-labels=zone=a b"}, "--node-labels: invalid label"},
 		{[]string{"--node-labels=-zone=a"}, "--node-labels: invalid label"},

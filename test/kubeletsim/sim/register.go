@@ -2,6 +2,8 @@ package sim
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -122,14 +124,31 @@ func (s *Simulator) ensureNode(ctx context.Context, name string) (types.UID, err
 	return got.UID, nil
 }
 
-// registerCSINodes creates (or updates) every node's CSINode with the
-// configured drivers and migrated plugins, and the node ID annotation on
-// the Node, as kubelet does when drivers register.
+// registerCSINodes creates (or updates) every node's CSINode as kubelet
+// does at start, before any driver registers: no driver, the
+// migrated-plugins annotation.
 func (s *Simulator) registerCSINodes(ctx context.Context, uids map[string]types.UID) error {
+	return s.eachNode(ctx, func(name string) error { return s.ensureCSINode(ctx, name, uids[name]) },
+		"CSINodes created", "migratedPlugins", s.opts.MigratedPlugins)
+}
+
+// registerDrivers registers the CSI drivers on every node, as kubelet does
+// when a driver's registrar connects: the driver and the node ID it gave in
+// the CSINode, and in the Node's node ID annotation.
+func (s *Simulator) registerDrivers(ctx context.Context) error {
+	if len(s.opts.CSIDrivers) == 0 {
+		return nil
+	}
+	return s.eachNode(ctx, func(name string) error { return s.installDrivers(ctx, name) },
+		"CSI drivers registered", "drivers", (*driversFlag)(&s.opts.CSIDrivers).String())
+}
+
+// eachNode runs fn for every node, a few at a time, and logs msg once all
+// succeeded.
+func (s *Simulator) eachNode(ctx context.Context, fn func(name string) error, msg string, kv ...any) error {
 	errs := make([]error, len(s.nodeNames))
 	workqueue.ParallelizeUntil(ctx, registerParallelism, len(s.nodeNames), func(i int) {
-		name := s.nodeNames[i]
-		errs[i] = s.ensureCSINode(ctx, name, uids[name])
+		errs[i] = fn(s.nodeNames[i])
 	})
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -137,11 +156,27 @@ func (s *Simulator) registerCSINodes(ctx context.Context, uids map[string]types.
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	klog.FromContext(ctx).Info("CSINodes registered", "count", len(s.nodeNames), "drivers", (*driversFlag)(&s.opts.CSIDrivers).String(), "migratedPlugins", s.opts.MigratedPlugins)
+	klog.FromContext(ctx).Info(msg, append([]any{"count", len(s.nodeNames)}, kv...)...)
 	return nil
 }
 
-func (s *Simulator) desiredCSINode(name string, uid types.UID) *storagev1.CSINode {
+// nodeID is the ID the driver gives the node: the configured one, or one
+// derived from the node's name as a cloud's instance ID is. Never the
+// node's name: the CSI node ID is the driver's, and whoever reads it must
+// not take it for the node's name.
+func nodeID(d Driver, node string) string {
+	if d.NodeID != "" {
+		return d.NodeID
+	}
+	sum := sha256.Sum256([]byte(d.Name + "/" + node))
+	return "i-" + hex.EncodeToString(sum[:])[:17]
+}
+
+// ensureCSINode creates the node's CSINode with no driver and the
+// migrated-plugins annotation, or sets that annotation on the one there
+// (from an earlier start: its drivers stay until they register again).
+func (s *Simulator) ensureCSINode(ctx context.Context, name string, uid types.UID) error {
+	logger := klog.FromContext(ctx).WithValues("node", name)
 	csiNode := &storagev1.CSINode{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: name,
@@ -157,42 +192,8 @@ func (s *Simulator) desiredCSINode(name string, uid types.UID) *storagev1.CSINod
 	if len(s.opts.MigratedPlugins) > 0 {
 		csiNode.Annotations = map[string]string{MigratedPluginsAnnotation: strings.Join(s.opts.MigratedPlugins, ",")}
 	}
-	for _, d := range s.opts.CSIDrivers {
-		csiNode.Spec.Drivers = append(csiNode.Spec.Drivers, storagev1.CSINodeDriver{Name: d.Name, NodeID: nodeID(d, name)})
-	}
-	return csiNode
-}
-
-func nodeID(d Driver, node string) string {
-	if d.NodeID == "" {
-		return node
-	}
-	return d.NodeID
-}
-
-func (s *Simulator) ensureCSINode(ctx context.Context, name string, uid types.UID) error {
-	logger := klog.FromContext(ctx).WithValues("node", name)
-	if len(s.opts.CSIDrivers) > 0 {
-		ids := map[string]string{}
-		for _, d := range s.opts.CSIDrivers {
-			ids[d.Name] = nodeID(d, name)
-		}
-		value, err := json.Marshal(ids)
-		if err != nil {
-			return fmt.Errorf("encode node IDs of node %s: %w", name, err)
-		}
-		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{nodeIDAnnotation: string(value)}}})
-		if err != nil {
-			return fmt.Errorf("encode node %s patch: %w", name, err)
-		}
-		if _, err := s.client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-			return fmt.Errorf("annotate node %s with CSI node IDs: %w", name, err)
-		}
-	}
-
-	want := s.desiredCSINode(name, uid)
 	csiNodes := s.client.StorageV1().CSINodes()
-	_, err := csiNodes.Create(ctx, want, metav1.CreateOptions{})
+	_, err := csiNodes.Create(ctx, csiNode, metav1.CreateOptions{})
 	switch {
 	case err == nil:
 		logger.V(2).Info("Created CSINode")
@@ -200,27 +201,60 @@ func (s *Simulator) ensureCSINode(ctx context.Context, name string, uid types.UI
 	case !apierrors.IsAlreadyExists(err):
 		return fmt.Errorf("create CSINode %s: %w", name, err)
 	}
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := csiNodes.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
+	err = s.updateCSINode(ctx, name, func(cn *storagev1.CSINode) {
+		if cn.Annotations == nil {
+			cn.Annotations = map[string]string{}
 		}
-		upd := cur.DeepCopy()
-		upd.Spec.Drivers = want.Spec.Drivers
-		if upd.Annotations == nil {
-			upd.Annotations = map[string]string{}
-		}
-		if v, ok := want.Annotations[MigratedPluginsAnnotation]; ok {
-			upd.Annotations[MigratedPluginsAnnotation] = v
+		if v, ok := csiNode.Annotations[MigratedPluginsAnnotation]; ok {
+			cn.Annotations[MigratedPluginsAnnotation] = v
 		} else {
-			delete(upd.Annotations, MigratedPluginsAnnotation)
+			delete(cn.Annotations, MigratedPluginsAnnotation)
 		}
-		_, err = csiNodes.Update(ctx, upd, metav1.UpdateOptions{})
-		return err
 	})
 	if err != nil {
 		return fmt.Errorf("update existing CSINode %s: %w", name, err)
 	}
 	logger.Info("Updated existing CSINode")
 	return nil
+}
+
+// installDrivers writes the drivers' node IDs in the Node's annotation and
+// the drivers in its CSINode (replacing those of an earlier run).
+func (s *Simulator) installDrivers(ctx context.Context, name string) error {
+	ids := map[string]string{}
+	drivers := make([]storagev1.CSINodeDriver, 0, len(s.opts.CSIDrivers))
+	for _, d := range s.opts.CSIDrivers {
+		ids[d.Name] = nodeID(d, name)
+		drivers = append(drivers, storagev1.CSINodeDriver{Name: d.Name, NodeID: nodeID(d, name)})
+	}
+	value, err := json.Marshal(ids)
+	if err != nil {
+		return fmt.Errorf("encode node IDs of node %s: %w", name, err)
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{nodeIDAnnotation: string(value)}}})
+	if err != nil {
+		return fmt.Errorf("encode node %s patch: %w", name, err)
+	}
+	if _, err := s.client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("annotate node %s with CSI node IDs: %w", name, err)
+	}
+	if err := s.updateCSINode(ctx, name, func(cn *storagev1.CSINode) { cn.Spec.Drivers = drivers }); err != nil {
+		return fmt.Errorf("register CSI drivers in CSINode %s: %w", name, err)
+	}
+	klog.FromContext(ctx).V(2).Info("Registered CSI drivers", "node", name)
+	return nil
+}
+
+func (s *Simulator) updateCSINode(ctx context.Context, name string, change func(*storagev1.CSINode)) error {
+	csiNodes := s.client.StorageV1().CSINodes()
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := csiNodes.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		upd := cur.DeepCopy()
+		change(upd)
+		_, err = csiNodes.Update(ctx, upd, metav1.UpdateOptions{})
+		return err
+	})
 }

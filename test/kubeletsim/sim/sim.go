@@ -1,42 +1,51 @@
 // Package sim simulates the part of kubelet the attach/detach controller
-// talks to, for any number of nodes, with nothing but API calls.
+// talks to, for any number of nodes, with nothing but API calls, in the
+// order kubelet v1.37 does it (pkg/kubelet/volumemanager,
+// kubelet_node_status.go, pkg/volume/csi/nodeinfomanager):
 //
-// At start it registers the nodes (managed by the attach/detach controller,
-// Ready) and, now, later or never, their CSINodes. Then it plays the volume
-// manager: a volume a running pod on the node uses is "mounted" once the
-// controller lists it in node.status.volumesAttached, and is reported in
-// node.status.volumesInUse; when no pod uses it any more it is "unmounted"
-// and dropped from that list. Pods being deleted stop using their volumes at
-// once and are then deleted for good, as kubelet does.
+//   - At start it registers the nodes (managed by the attach/detach
+//     controller, Ready) and, now, later or never, their CSINodes: created
+//     with no driver and the migrated-plugins annotation listing every
+//     translatable in-tree plugin, whatever is installed; the drivers
+//     register a moment later, each with the node ID it gives (not the
+//     node's name).
+//   - A volume is in use (node.status.volumesInUse) from the moment a pod
+//     that uses it is on the node, attached or not, until it is unmounted:
+//     the desired and the actual state of kubelet's volume manager.
+//   - node.status.volumesInUse is written by each node's status loop only,
+//     every --node-status-update-frequency (10 s), when it changed. A pod's
+//     volume is mounted only once that field lists it and a fresh read of
+//     node.status.volumesAttached lists it.
+//   - A pod being deleted gets phase Succeeded, its volumes are unmounted,
+//     and it is deleted: its volume leaves volumesInUse only at the next
+//     status update, after the pod is gone. A pod deleted at once keeps its
+//     volume in use until it is unmounted.
+//   - After a restart, what node status says is mounted (in use and
+//     attached, for a pod there) stays mounted and in use; the first status
+//     update, before the pods are read again, lists only that.
 //
 // Volumes are named as kubelet names them (see Namer), so a controller that
 // reports a volume under another name never sees it in use, as with a real
 // kubelet.
 //
-// The work is one idempotent sync per node, driven by a queue fed by pod,
-// node, claim and PersistentVolume events; volumesInUse is written only when
-// it changes.
+// The mounts are one idempotent sync per node, driven by a queue fed by pod,
+// node, claim and PersistentVolume events and by the status loop.
 package sim
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 )
@@ -62,6 +71,8 @@ type Simulator struct {
 	namer      *Namer
 
 	queue workqueue.TypedRateLimitingInterface[string]
+	// kubelets holds each node's volume manager, by node name.
+	kubelets map[string]*kubelet
 }
 
 // New builds a Simulator; opts must have passed Validate. Call Run once.
@@ -75,10 +86,12 @@ func New(client kubernetes.Interface, opts Options) (*Simulator, error) {
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kubeletsim"},
 		),
 	}
+	s.kubelets = map[string]*kubelet{}
 	for i := range opts.Nodes {
 		name := NodeName(opts.NodePrefix, i)
 		s.nodeNames = append(s.nodeNames, name)
 		s.nodeSet.Insert(name)
+		s.kubelets[name] = newKubelet()
 	}
 
 	s.factory = informers.NewSharedInformerFactoryWithOptions(client, 0,
@@ -160,25 +173,40 @@ func (s *Simulator) Run(ctx context.Context) error {
 	}()
 
 	if delay, create := s.opts.csiNodes(); create {
-		if delay == 0 {
+		csiNodes := func() error {
 			if err := s.registerCSINodes(ctx, uids); err != nil {
-				return stopCause(ctx, fmt.Errorf("register CSINodes: %w", err))
+				return fmt.Errorf("register CSINodes: %w", err)
+			}
+			return nil
+		}
+		drivers := func() error {
+			if err := sleep(ctx, s.opts.DriverRegistrationDelay); err != nil {
+				return err
+			}
+			if err := s.registerDrivers(ctx); err != nil {
+				return fmt.Errorf("register CSI drivers: %w", err)
+			}
+			return nil
+		}
+		if delay == 0 {
+			if err := csiNodes(); err != nil {
+				return stopCause(ctx, err)
 			}
 		} else {
 			logger.Info("CSINodes will be created later", "delay", delay)
-			wg.Go(func() {
-				t := time.NewTimer(delay)
-				defer t.Stop()
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-				}
-				if err := s.registerCSINodes(ctx, uids); err != nil && ctx.Err() == nil {
-					cancel(fmt.Errorf("register CSINodes: %w", err))
-				}
-			})
 		}
+		wg.Go(func() {
+			err := sleep(ctx, delay)
+			if err == nil && delay != 0 {
+				err = csiNodes()
+			}
+			if err == nil {
+				err = drivers()
+			}
+			if err != nil && ctx.Err() == nil {
+				cancel(err)
+			}
+		})
 	} else {
 		logger.Info("CSINodes are not created")
 	}
@@ -189,17 +217,36 @@ func (s *Simulator) Run(ctx context.Context) error {
 			return stopCause(ctx, fmt.Errorf("cache of %v did not sync", typ))
 		}
 	}
-	logger.Info("Simulating kubelet", "nodes", len(s.nodeNames), "workers", s.opts.Workers)
+	logger.Info("Simulating kubelet", "nodes", len(s.nodeNames), "workers", s.opts.Workers, "statusUpdateFrequency", s.opts.StatusUpdateFrequency)
 
+	s.reconstruct(ctx)
 	for range s.opts.Workers {
 		wg.Go(func() {
 			for s.processNextItem(ctx) {
 			}
 		})
 	}
+	for _, name := range s.nodeNames {
+		wg.Go(func() { s.statusLoop(ctx, name) })
+	}
 	<-ctx.Done()
 	logger.Info("Shutting down")
 	return stopCause(ctx, nil)
+}
+
+// sleep waits d, or returns ctx's error once it is done.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // stopCause is what Run returns: ifRunning while ctx is live; once ctx is
@@ -232,119 +279,6 @@ func (s *Simulator) processNextItem(ctx context.Context) bool {
 		s.queue.AddRateLimited(node)
 	}
 	return true
-}
-
-// sync brings one node's volumesInUse in line with its pods and attached
-// volumes, then finishes the deletion of its terminating pods.
-func (s *Simulator) sync(ctx context.Context, nodeName string) error {
-	logger := klog.FromContext(ctx)
-	node, err := s.nodeLister.Get(nodeName)
-	if apierrors.IsNotFound(err) {
-		// Deleted by the test: a kubelet whose node is gone reports nothing.
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("get node %s from cache: %w", nodeName, err)
-	}
-
-	objs, err := s.pods.ByIndex(podsByNode, nodeName)
-	if err != nil {
-		return fmt.Errorf("list pods of node %s: %w", nodeName, err)
-	}
-	used := sets.New[string]()
-	var terminating []*v1.Pod
-	for _, obj := range objs {
-		pod := obj.(*v1.Pod)
-		if pod.DeletionTimestamp != nil {
-			// Containers stop at once here: the volumes are unmounted.
-			terminating = append(terminating, pod)
-			continue
-		}
-		if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
-			continue
-		}
-		names, skipped := s.namer.PodVolumeNames(logger, pod)
-		for _, err := range skipped {
-			logger.V(4).Info("Volume not named yet", "err", err)
-		}
-		used = used.Union(names)
-	}
-
-	if err := s.writeInUse(ctx, node, used); err != nil {
-		return err
-	}
-	if s.opts.DeleteTerminatingPods {
-		for _, pod := range terminating {
-			if err := s.deletePod(ctx, pod); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// writeInUse patches node.status.volumesInUse when it differs from what the
-// pods and attached volumes call for. The patch carries the resourceVersion
-// the decision was made on, so a stale decision fails with a conflict and is
-// made again on the fresh node.
-func (s *Simulator) writeInUse(ctx context.Context, node *v1.Node, used sets.Set[string]) error {
-	logger := klog.FromContext(ctx)
-	fresh := false
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if fresh {
-			var err error
-			node, err = s.client.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-		}
-		fresh = true
-		want := InUse(node.Status.VolumesAttached, used, s.opts.ReportUnattached)
-		if sameVolumes(want, node.Status.VolumesInUse) {
-			return nil
-		}
-		var value any // null removes the field
-		if len(want) > 0 {
-			value = want
-		}
-		patch, err := json.Marshal(map[string]any{
-			"metadata": map[string]any{"resourceVersion": node.ResourceVersion},
-			"status":   map[string]any{"volumesInUse": value},
-		})
-		if err != nil {
-			return fmt.Errorf("encode patch: %w", err)
-		}
-		if _, err := s.client.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
-			return err
-		}
-		logger.Info("Updated volumesInUse", "volumesInUse", want, "previous", node.Status.VolumesInUse)
-		return nil
-	})
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("patch node %s volumesInUse: %w", node.Name, err)
-	}
-	return nil
-}
-
-// deletePod finishes a pod's deletion, as kubelet does once its containers
-// stopped and volumes are unmounted.
-func (s *Simulator) deletePod(ctx context.Context, pod *v1.Pod) error {
-	err := s.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
-		GracePeriodSeconds: new(int64(0)),
-		Preconditions:      &metav1.Preconditions{UID: &pod.UID},
-	})
-	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-		// Gone already, or a new pod of the same name.
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("delete terminating pod %s/%s: %w", pod.Namespace, pod.Name, err)
-	}
-	klog.FromContext(ctx).V(2).Info("Deleted terminating pod", "pod", klog.KObj(pod))
-	return nil
 }
 
 func (s *Simulator) indexPodByNode(obj any) ([]string, error) {
