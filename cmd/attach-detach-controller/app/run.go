@@ -129,6 +129,18 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 		return err
 	}
 	defer stopHTTP()
+	// Memory a burst of work left behind goes back to the system once the
+	// controller is quiet again.
+	releaseCtx, stopReleaser := context.WithCancel(ctx)
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		newReleaser().Run(releaseCtx)
+	}()
+	defer func() {
+		stopReleaser()
+		<-released
+	}()
 
 	// ctx cancelled (SIGTERM) is a graceful stop: the controller hands its
 	// volumes over, still holding the Lease, before it returns. Its own
