@@ -349,12 +349,8 @@ func (o *Options) listen(ctx context.Context) (net.Listener, error) {
 		host = o.BindAddress.String()
 	}
 	addr := net.JoinHostPort(host, strconv.Itoa(o.BindPort))
-	network := "tcp"
-	if o.BindAddress != nil && o.BindAddress.To4() != nil && !o.BindAddress.IsUnspecified() {
-		network = "tcp4"
-	}
 	lc := net.ListenConfig{Control: socketControl(o.PermitPortSharing, o.PermitAddressSharing)}
-	ln, err := lc.Listen(ctx, network, addr)
+	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("failed to listen on %v: %w", addr, err)
 	}
