@@ -2,6 +2,8 @@ package cache
 
 import (
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -310,5 +312,20 @@ func TestActualStateAnnounced(t *testing.T) {
 	}
 	if (Attachment{AttachStarted: time.Unix(1, 0)}).Announced() {
 		t.Errorf("an attachment with an attach started must not count as announced")
+	}
+}
+
+// TestActualStateAttachmentStates: every attachment made through a
+// VolumeAttachment, by its name and state; none made otherwise.
+func TestActualStateAttachmentStates(t *testing.T) {
+	a := NewActualState()
+	a.Update(k(volA, "n1"), true, func(at *Attachment) { at.State = Attached; at.AttachmentName = "csi-1" })
+	a.Update(k(volA, "n2"), true, func(at *Attachment) { at.State = Detaching; at.AttachmentName = "csi-2" })
+	a.Update(k(volB, "n1"), true, func(at *Attachment) { at.State = Attached; at.DevicePath = "/dev/x" })
+	got := a.AttachmentStates()
+	slices.SortFunc(got, func(x, y NamedState) int { return strings.Compare(x.AttachmentName, y.AttachmentName) })
+	want := []NamedState{{AttachmentName: "csi-1", State: Attached}, {AttachmentName: "csi-2", State: Detaching}}
+	if !slices.Equal(got, want) {
+		t.Errorf("AttachmentStates() = %v, want %v", got, want)
 	}
 }

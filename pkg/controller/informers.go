@@ -34,14 +34,16 @@ func Trim(obj any) (any, error) {
 		return trimPV(o), nil
 	case *v1.PersistentVolumeClaim:
 		return trimPVC(o), nil
+	case *storagev1.VolumeAttachment:
+		return trimVA(o), nil
 	}
 	return obj, nil
 }
 
 // trimPV keeps the source, access modes and claim the controller resolves a
 // volume from, and the labels and node affinity that csi-translation-lib
-// reads when it translates an in-tree source; not its capacity, mount
-// options, annotations or status message.
+// reads when it translates an in-tree source (a CSI source needs neither);
+// not its capacity, mount options, annotations or status message.
 func trimPV(pv *v1.PersistentVolume) *v1.PersistentVolume {
 	out := &v1.PersistentVolume{
 		TypeMeta: pv.TypeMeta,
@@ -60,7 +62,29 @@ func trimPV(pv *v1.PersistentVolume) *v1.PersistentVolume {
 	if r := pv.Spec.ClaimRef; r != nil {
 		out.Spec.ClaimRef = &v1.ObjectReference{Namespace: shared(r.Namespace), Name: r.Name, UID: r.UID}
 	}
+	if pv.Spec.CSI != nil {
+		out.Labels = nil
+		out.Spec.NodeAffinity = nil
+	}
 	return out
+}
+
+// trimVA keeps what names and places a VolumeAttachment (name, UID,
+// deletion, spec) and what the attacher reports (attached, errors); not
+// its annotations, finalizers or attachment metadata.
+func trimVA(va *storagev1.VolumeAttachment) *storagev1.VolumeAttachment {
+	return &storagev1.VolumeAttachment{
+		TypeMeta: va.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Name: va.Name, UID: va.UID, ResourceVersion: va.ResourceVersion, DeletionTimestamp: va.DeletionTimestamp,
+		},
+		Spec: storagev1.VolumeAttachmentSpec{
+			Attacher: shared(va.Spec.Attacher), NodeName: shared(va.Spec.NodeName), Source: va.Spec.Source,
+		},
+		Status: storagev1.VolumeAttachmentStatus{
+			Attached: va.Status.Attached, AttachError: va.Status.AttachError, DetachError: va.Status.DetachError,
+		},
+	}
 }
 
 // trimSource keeps of a CSI source what names and attaches the volume
@@ -179,7 +203,7 @@ func trimNode(n *v1.Node) *v1.Node {
 	out := &v1.Node{
 		TypeMeta: n.TypeMeta,
 		ObjectMeta: metav1.ObjectMeta{
-			Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels,
+			Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion,
 		},
 		Spec: v1.NodeSpec{Taints: n.Spec.Taints},
 		Status: v1.NodeStatus{
@@ -189,6 +213,10 @@ func trimNode(n *v1.Node) *v1.Node {
 	}
 	if v, ok := n.Annotations[managedAnnotation]; ok {
 		out.Annotations = map[string]string{managedAnnotation: v}
+	}
+	// Of its labels only the zone is read (zones.go).
+	if z, ok := n.Labels[v1.LabelTopologyZone]; ok {
+		out.Labels = map[string]string{v1.LabelTopologyZone: shared(z)}
 	}
 	for _, c := range n.Status.Conditions {
 		if c.Type == v1.NodeReady {

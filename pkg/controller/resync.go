@@ -13,10 +13,7 @@ import (
 // queues those that disagree. It only enqueues: the workers act.
 func (c *Controller) Resync(ctx context.Context) {
 	n := 0
-	for _, a := range c.actual.Attachments() {
-		if a.AttachmentName == "" {
-			continue
-		}
+	for _, a := range c.actual.AttachmentStates() {
 		va, err := c.attachments.Get(a.AttachmentName)
 		switch {
 		case apierrors.IsNotFound(err):
