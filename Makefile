@@ -52,7 +52,7 @@ E2E_TOOLS := etcd kube-apiserver csi-attacher csi-mock-driver hollow-node
 # manifests/, as `kubectl kustomize` would), and the e2e stack.
 TOOLS := $(E2E_TOOLS) kube-controller-manager kustomize
 
-.PHONY: all build kubectl-adc kubectl-adc-release tools go-tools helm promtool test-binaries test test-unit test-bench test-sim sim-sweep test-integration test-e2e test-hollow test-hollow-full test-chaos test-skew chaos demo bench verify image clean
+.PHONY: all build kubectl-adc kubectl-adc-release tools go-tools helm promtool test-binaries test test-unit test-bench test-sim sim-sweep test-integration test-e2e test-hollow test-hollow-full test-chaos test-skew chaos chaos-hollow demo bench bench-hollow verify image clean
 
 all: build
 
@@ -191,6 +191,15 @@ chaos: tools test-binaries
 	CHAOS_DURATION=$(CHAOS_DURATION) $(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 0 -v -run TestChaos ./test/chaos/... | \
 	  grep -E '^(=== RUN|--- |PASS|FAIL|ok)|chaos_test.go|^ +(churn|fault) ' ; exit $${PIPESTATUS[0]}
 
+# Churn and faults on hollow nodes (test/hollow TestChaos), each controller
+# in turn: kubelets killed and frozen, the controller SIGKILLed and replaced;
+# invariants read from what the real kubelets report. HOLLOW_CHAOS_SEED=N
+# replays a schedule.
+chaos-hollow: test-binaries
+	hack/build-tools.sh $(E2E_TOOLS) kube-controller-manager
+	HOLLOW_CHAOS_DURATION=$(CHAOS_DURATION) $(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 0 -v -run '^TestChaos$$' ./test/hollow/ | \
+	  grep -E $(HOLLOW_OUTPUT) ; exit $${PIPESTATUS[0]}
+
 # On hollow nodes (real kubelets); kubeletsim is built because the stack
 # checks for it. Ctrl-C stops it and removes everything; DEMO_DURATION=60s stops it by itself
 # (exit code 1 if the story did not complete).
@@ -231,6 +240,17 @@ bench: build
 	mkdir -p _output/bench
 	go test -run '^$$' -bench . -benchmem ./pkg/cache ./pkg/reconciler ./pkg/controller | tee _output/bench/go-bench.txt
 	go run ./test/bench/cmd/adcbench -size $(SIZE) -qps $(BENCH_QPS) -burst $(BENCH_BURST) -go-bench _output/bench/go-bench.txt
+
+# Pod startup with attachable volumes on hollow nodes (real kubelets), this
+# controller then kube-controller-manager's attachdetach on the same nodes:
+# ClusterLoader2's pod-startup p50/p90/p99, the time to volumesAttached, and
+# what a hollow node costs; report in bench/results/<date>-hollow[-qps<QPS>-burst<BURST>].md
+# (BENCH_QPS/BENCH_BURST: both controllers' API budget).
+HOLLOW_NODES ?= 50
+HOLLOW_PODS_PER_NODE ?= 10
+bench-hollow: test-binaries
+	hack/build-tools.sh $(E2E_TOOLS) kube-controller-manager
+	$(TEST_BINARIES) go run ./test/bench/cmd/hollowbench -nodes $(HOLLOW_NODES) -pods-per-node $(HOLLOW_PODS_PER_NODE) -qps $(BENCH_QPS) -burst $(BENCH_BURST)
 
 IMAGE ?= ghcr.io/kube-attach/attach-detach-controller:$(VERSION)
 

@@ -138,6 +138,18 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	return s, nil
 }
 
+// AddDriver starts a mock driver and an attacher for one more CSI driver,
+// and creates its CSIDriver (attach required). It is not one of the
+// stack's Drivers: a hollow node registers it when its options name it.
+func (s *Stack) AddDriver(ctx context.Context, driver string) error {
+	binDir := s.binDir
+	if err := s.startDriver(ctx, filepath.Join(binDir, MockDriverBinary), filepath.Join(binDir, AttacherBinary), driver); err != nil {
+		return err
+	}
+	_, err := framework.CreateCSIDriver(ctx, s.Cluster.Client, driver, new(true))
+	return err
+}
+
 // startDriver starts the mock driver, waits for its socket, then starts the
 // attacher on it.
 func (s *Stack) startDriver(ctx context.Context, mockBin, attacherBin, driver string) error {
