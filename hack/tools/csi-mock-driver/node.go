@@ -12,6 +12,24 @@ import (
 // calls accept any handle, as ControllerPublish does. Calls are serialized
 // with the controller's for the reason given on driver.
 
+// withVolumeID answers req as the mock answers a copy of it that names
+// the volume by the ID the mock holds for req's (volumeID), under the lock.
+func withVolumeID[R interface {
+	proto.Message
+	GetVolumeId() string
+}, T any](c *driver, ctx context.Context, req R, setID func(R, string), call func(context.Context, R) (T, error)) (T, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id, err := c.volumeID(ctx, req.GetVolumeId())
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	req = proto.CloneOf(req)
+	setID(req, id)
+	return call(ctx, req)
+}
+
 func (c *driver) nodeIDOrName() string {
 	if c.nodeID != "" {
 		return c.nodeID
@@ -32,51 +50,19 @@ func (c *driver) NodeGetInfo(ctx context.Context, req *csi.NodeGetInfoRequest) (
 }
 
 func (c *driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	id, err := c.volumeID(ctx, req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	req = proto.CloneOf(req)
-	req.VolumeId = id
-	return c.Service.NodeStageVolume(ctx, req)
+	return withVolumeID(c, ctx, req, func(r *csi.NodeStageVolumeRequest, id string) { r.VolumeId = id }, c.Service.NodeStageVolume)
 }
 
 func (c *driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	id, err := c.volumeID(ctx, req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	req = proto.CloneOf(req)
-	req.VolumeId = id
-	return c.Service.NodeUnstageVolume(ctx, req)
+	return withVolumeID(c, ctx, req, func(r *csi.NodeUnstageVolumeRequest, id string) { r.VolumeId = id }, c.Service.NodeUnstageVolume)
 }
 
 func (c *driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	id, err := c.volumeID(ctx, req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	req = proto.CloneOf(req)
-	req.VolumeId = id
-	return c.Service.NodePublishVolume(ctx, req)
+	return withVolumeID(c, ctx, req, func(r *csi.NodePublishVolumeRequest, id string) { r.VolumeId = id }, c.Service.NodePublishVolume)
 }
 
 func (c *driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	id, err := c.volumeID(ctx, req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	req = proto.CloneOf(req)
-	req.VolumeId = id
-	return c.Service.NodeUnpublishVolume(ctx, req)
+	return withVolumeID(c, ctx, req, func(r *csi.NodeUnpublishVolumeRequest, id string) { r.VolumeId = id }, c.Service.NodeUnpublishVolume)
 }
 
 func (c *driver) NodeGetCapabilities(ctx context.Context, req *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
