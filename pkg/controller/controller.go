@@ -97,6 +97,10 @@ type Config struct {
 	// informers read, managedFields included (the caches drop them), and
 	// their deletions.
 	Observer Observer
+	// AnotherController, when set, says whether another attach/detach
+	// controller acts beside this one (pkg/guard), and what to do: empty
+	// when none. Every /explain answer carries it.
+	AnotherController func() string
 	// Shadow, when set, runs the controller in shadow mode (pkg/shadow):
 	// beside another attach/detach controller, it compares its decisions
 	// with what the cluster shows and acts on nothing. Client must then

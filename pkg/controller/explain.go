@@ -34,6 +34,9 @@ type Explanation struct {
 	// Shadow, in shadow mode, is what the cluster shows beside what this
 	// controller would do (Action, Reason).
 	Shadow *ShadowExplanation `json:"shadow,omitempty"`
+	// AnotherController says that another attach/detach controller acts
+	// beside this one, whatever the volume: its decisions may undo these.
+	AnotherController string `json:"anotherController,omitempty"`
 }
 
 // Mechanism says which mechanism attaches a volume on a node (a CSI driver
@@ -211,17 +214,24 @@ func (c *Controller) explanation(d reconciler.Decision) Explanation {
 // /explain?volume=<unique name>&node=<node> with JSON.
 func (c *Controller) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	var body any
+	var another string
+	if c.cfg.AnotherController != nil {
+		another = c.cfg.AnotherController()
+	}
 	switch {
 	case q.Get("pod") != "":
-		body = c.ExplainPod(r.Context(), q.Get("pod"))
+		list := c.ExplainPod(r.Context(), q.Get("pod"))
+		for i := range list {
+			list[i].AnotherController = another
+		}
+		writeJSON(w, list)
 	case q.Get("volume") != "" && q.Get("node") != "":
-		body = c.Explain(cache.Key{Volume: volume.Name(q.Get("volume")), Node: q.Get("node")})
+		e := c.Explain(cache.Key{Volume: volume.Name(q.Get("volume")), Node: q.Get("node")})
+		e.AnotherController = another
+		writeJSON(w, e)
 	default:
 		http.Error(w, "want ?pod=<namespace>/<name> or ?volume=<unique volume name>&node=<node>", http.StatusBadRequest)
-		return
 	}
-	writeJSON(w, body)
 }
 
 // writeJSON answers with v as indented JSON, for people as much as tools.

@@ -1,6 +1,10 @@
 package controller
 
 import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -202,5 +206,47 @@ func TestExplainPodSaysWhyNothingIsWanted(t *testing.T) {
 	f.c.desired.SetPartial(true)
 	if got, want := explain("unread"), "  nothing reading every pod after the controller started"; len(got) != 1 || !strings.HasPrefix(got[0], want) {
 		t.Errorf("while pods are read: got %q, want %q...", got, want)
+	}
+}
+
+// Every /explain answer says that another attach/detach controller acts
+// beside this one, when the guard says so, and nothing when it does not.
+func TestExplainSaysAnotherControllerActs(t *testing.T) {
+	var another string
+	f := newFixtureWith(t, func(c *Config) { c.AnotherController = func() string { return another } },
+		node("n1"), claim("a"), csiPV("a", "h-a"), pod("p", "n1", "a"))
+	if err := f.c.syncPod(f.ctx, ns+"/p"); err != nil {
+		t.Fatal(err)
+	}
+	get := func(query string) string {
+		rec := httptest.NewRecorder()
+		f.c.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/explain?"+query, nil))
+		if rec.Code != http.StatusOK {
+			t.Fatalf("/explain?%s: %d %s", query, rec.Code, rec.Body)
+		}
+		return rec.Body.String()
+	}
+	queries := []string{"pod=" + ns + "/p", "pod=" + ns + "/missing",
+		url.Values{"volume": {string(csiName("h-a"))}, "node": {"n1"}}.Encode()}
+	for _, q := range queries {
+		if body := get(q); strings.Contains(body, "anotherController") {
+			t.Errorf("/explain?%s with no other controller: %s", q, body)
+		}
+	}
+	another = "another attach/detach controller acts beside this one: field manager \"kube-controller-manager\""
+	for _, q := range queries {
+		var answers []Explanation
+		body := get(q)
+		if !strings.HasPrefix(body, "[") {
+			body = "[" + body + "]"
+		}
+		if err := json.Unmarshal([]byte(body), &answers); err != nil || len(answers) == 0 {
+			t.Fatalf("/explain?%s: %v: %s", q, err, body)
+		}
+		for _, e := range answers {
+			if e.AnotherController != another {
+				t.Errorf("/explain?%s: anotherController %q, want %q", q, e.AnotherController, another)
+			}
+		}
 	}
 }

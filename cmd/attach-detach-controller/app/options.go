@@ -139,7 +139,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Never hold forced detaches by timeout for a disrupted zone.")
 	fs.IntVar(&o.Workers, "workers", o.Workers, "Number of volume/node pairs reconciled at once (1-1000). Node statuses are written by one writer per 40 of --kube-api-qps (1 to 10), one patch per node carrying all its changes.")
 	fs.DurationVar(&o.OtherWriterCheckPeriod, "other-writer-check-period", o.OtherWriterCheckPeriod,
-		"Period of the report (metric, log line) of another attach/detach controller (kube-controller-manager's) writing VolumeAttachments or node.status.volumesAttached beside this one, as the informers see its writes (at least 1s; 0 disables the watch).")
+		"Period of the report (metric, log line) of another attach/detach controller (kube-controller-manager's) beside this one, seen from who writes VolumeAttachments, node.status.volumesAttached and attach events; its first finding is reported at once (at least 1s; 0 disables the watch, and the watch on events).")
 	fs.StringVar(&o.CSIMigration, "csi-migration", o.CSIMigration,
 		"Who decides whether an in-tree volume (awsElasticBlockStore, gcePersistentDisk, ...) is attached through its CSI driver: "+
 			"\"per-node\": each node's CSINode, else its CSINodeInfo; a node that has said nothing yet makes the volume wait. "+

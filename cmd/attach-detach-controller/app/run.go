@@ -168,7 +168,7 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 		current.Store(c.c)
 		defer current.Store(nil)
 		if g != nil {
-			stopGuard := runGuard(ctx, g)
+			stopGuard := runGuard(ctx, g, client)
 			defer stopGuard()
 		}
 		return c.Run(ctx, stop, &ready)
@@ -180,7 +180,8 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 }
 
 // newGuard returns the watch for another attach/detach controller
-// (pkg/guard), fed by the controller's informers; nil when turned off.
+// (pkg/guard), fed by the controller's informers and its own watch on
+// events; nil when turned off.
 func newGuard(o *Options, reg prometheus.Registerer) (*guard.Guard, error) {
 	// In shadow mode the other writer is expected: it is what is compared.
 	if o.OtherWriterCheckPeriod == 0 || o.Shadow {
@@ -197,12 +198,14 @@ func newGuard(o *Options, reg prometheus.Registerer) (*guard.Guard, error) {
 	})
 }
 
-// runGuard reports what the guard finds while the controller runs; the
-// returned function stops it and waits for it.
-func runGuard(ctx context.Context, g *guard.Guard) func() {
+// runGuard reports what the guard finds while the controller runs, and
+// watches the events of attach/detach controllers for it; the returned
+// function stops both and waits for them.
+func runGuard(ctx context.Context, g *guard.Guard, client kubernetes.Interface) func() {
 	guardCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { g.Run(guardCtx) })
+	wg.Go(func() { g.WatchEvents(guardCtx, client) })
 	return func() {
 		cancel()
 		wg.Wait()
@@ -264,11 +267,14 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 	if err != nil {
 		return nil, err
 	}
-	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "attachdetach-controller"})
+	// The source kube-controller-manager's attachdetach controller posts
+	// as: users' tooling selects the events by it.
+	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: guard.EventSource})
 	var observer controller.Observer
+	var anotherController func() string
 	if g != nil {
 		g.SetRecorder(recorder)
-		observer = g
+		observer, anotherController = g, g.Summary
 	}
 	m := metrics.New()
 	if err := m.Register(reg); err != nil {
@@ -296,13 +302,14 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 			UnhealthyZoneThreshold:       o.zoneThreshold(),
 			UnhealthyZoneMinNodes:        o.UnhealthyZoneMinNodes,
 		},
-		InTree:        intree.Builtin(),
-		Observer:      observer,
-		Shadow:        tracker,
-		Workers:       o.Workers,
-		StatusWorkers: statusWorkers(o.QPS),
-		StatusHold:    statusHold,
-		SyncPeriod:    syncPeriod(o),
+		InTree:            intree.Builtin(),
+		Observer:          observer,
+		AnotherController: anotherController,
+		Shadow:            tracker,
+		Workers:           o.Workers,
+		StatusWorkers:     statusWorkers(o.QPS),
+		StatusHold:        statusHold,
+		SyncPeriod:        syncPeriod(o),
 		// With a graceful stop (stop done, ctx not), the controller hands
 		// its volumes over for up to this long.
 		HandoffTimeout: o.HandoffTimeout,

@@ -38,7 +38,8 @@ type explanation struct {
 		InTreePlugin string `json:"inTreePlugin,omitempty"`
 		DecidedBy    string `json:"decidedBy"`
 	} `json:"mechanism,omitempty"`
-	Shadow json.RawMessage `json:"shadow,omitempty"`
+	Shadow            json.RawMessage `json:"shadow,omitempty"`
+	AnotherController string          `json:"anotherController,omitempty"`
 }
 
 // controller asks a reachable controller's /explain.

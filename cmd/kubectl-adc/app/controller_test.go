@@ -45,3 +45,27 @@ func TestExplain(t *testing.T) {
 		t.Errorf("forbidden: %v, want errNotReached naming the ClusterRole", err)
 	}
 }
+
+// The controller's word that another attach/detach controller acts beside
+// it is printed once, before the answers; nothing when it says nothing.
+func TestPrintAnotherController(t *testing.T) {
+	s := &subject{target: target{kindNode, "n"}, node: "n"}
+	exps := []explanation{
+		{Volume: "kubernetes.io/csi/d^a", Node: "n", Action: "nothing", Reason: "attached"},
+		{Volume: "kubernetes.io/csi/d^b", Node: "n", Action: "nothing", Reason: "attached"},
+	}
+	var out strings.Builder
+	printExplanations(&out, s, "test", exps)
+	if strings.Contains(out.String(), "WARNING") {
+		t.Errorf("a warning with none given:\n%s", out.String())
+	}
+	for i := range exps {
+		exps[i].AnotherController = "another attach/detach controller acts beside this one: field manager \"kube-controller-manager\""
+	}
+	out.Reset()
+	printExplanations(&out, s, "test", exps)
+	if got := strings.Count(out.String(), "WARNING: another attach/detach controller acts beside this one"); got != 1 ||
+		strings.Index(out.String(), "WARNING") > strings.Index(out.String(), "kubernetes.io/csi/d^a") {
+		t.Errorf("want the warning once, before the answers:\n%s", out.String())
+	}
+}

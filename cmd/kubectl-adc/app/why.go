@@ -248,6 +248,13 @@ func heading(s *subject) string {
 // printExplanations prints the controller's answers.
 func printExplanations(out io.Writer, s *subject, via string, exps []explanation) {
 	fmt.Fprintf(out, "%s\nAnswered by the controller (%s).\n", heading(s), via)
+	// The same for every answer: told once, first.
+	for _, e := range exps {
+		if e.AnotherController != "" {
+			fmt.Fprintf(out, "\n  WARNING: %s\n", e.AnotherController)
+			break
+		}
+	}
 	if len(exps) == 0 {
 		fmt.Fprintln(out, "\n  The controller knows of no volume of it to attach or detach.")
 	}
