@@ -22,9 +22,17 @@ func KubeControllerManagerSynced(log string) bool {
 // flexDir (it would otherwise create one under /usr/libexec). extra is
 // appended.
 func KubeControllerManagerArgs(kubeconfig, flexDir string, extra ...string) []string {
+	return KubeControllerManagerArgsWith(kubeconfig, flexDir, "attachdetach", extra...)
+}
+
+// KubeControllerManagerArgsWith is KubeControllerManagerArgs running the
+// controllers --controllers lists, e.g. "*,-attachdetach" as a cluster that
+// cut over runs it. (A second --controllers would add to the first, not
+// replace it.)
+func KubeControllerManagerArgsWith(kubeconfig, flexDir, controllers string, extra ...string) []string {
 	return append([]string{
 		"--kubeconfig=" + kubeconfig,
-		"--controllers=attachdetach",
+		"--controllers=" + controllers,
 		"--leader-elect=false",
 		"--secure-port=0",
 		"--use-service-account-credentials=false",

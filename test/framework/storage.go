@@ -9,9 +9,11 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 )
 
 const (
@@ -141,8 +143,9 @@ func PV(name string, src v1.PersistentVolumeSource, claim *v1.PersistentVolumeCl
 
 // CreateBoundPVC creates a claim and a volume (named PVName(ns, name)) bound
 // to each other, with phase Bound on both, as the PV controller would leave
-// them; no PV controller runs. Without modes the access mode is
-// ReadWriteOnce.
+// them. Without modes the access mode is ReadWriteOnce. A PV controller
+// running meanwhile (kube-controller-manager with all its controllers) may
+// write their status first: a conflict is read again and retried.
 func CreateBoundPVC(ctx context.Context, client kubernetes.Interface, ns, name string, src v1.PersistentVolumeSource, modes ...v1.PersistentVolumeAccessMode) (*v1.PersistentVolume, *v1.PersistentVolumeClaim, error) {
 	pvName := PVName(ns, name)
 	pvc, err := client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, PVC(ns, name, pvName, modes...), metav1.CreateOptions{})
@@ -153,16 +156,38 @@ func CreateBoundPVC(ctx context.Context, client kubernetes.Interface, ns, name s
 	if err != nil {
 		return nil, nil, fmt.Errorf("create PV %s: %w", pvName, err)
 	}
-	pv.Status.Phase = v1.VolumeBound
-	if pv, err = client.CoreV1().PersistentVolumes().UpdateStatus(ctx, pv, metav1.UpdateOptions{}); err != nil {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		pv.Status.Phase = v1.VolumeBound
+		updated, err := client.CoreV1().PersistentVolumes().UpdateStatus(ctx, pv, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			if again, getErr := client.CoreV1().PersistentVolumes().Get(ctx, pvName, metav1.GetOptions{}); getErr == nil {
+				pv = again
+			}
+		} else if err == nil {
+			pv = updated
+		}
+		return err
+	})
+	if err != nil {
 		return nil, nil, fmt.Errorf("set PV %s bound: %w", pvName, err)
 	}
-	pvc.Status = v1.PersistentVolumeClaimStatus{
-		Phase:       v1.ClaimBound,
-		AccessModes: pv.Spec.AccessModes,
-		Capacity:    pv.Spec.Capacity,
-	}
-	if pvc, err = client.CoreV1().PersistentVolumeClaims(ns).UpdateStatus(ctx, pvc, metav1.UpdateOptions{}); err != nil {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		pvc.Status = v1.PersistentVolumeClaimStatus{
+			Phase:       v1.ClaimBound,
+			AccessModes: pv.Spec.AccessModes,
+			Capacity:    pv.Spec.Capacity,
+		}
+		updated, err := client.CoreV1().PersistentVolumeClaims(ns).UpdateStatus(ctx, pvc, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			if again, getErr := client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{}); getErr == nil {
+				pvc = again
+			}
+		} else if err == nil {
+			pvc = updated
+		}
+		return err
+	})
+	if err != nil {
 		return nil, nil, fmt.Errorf("set PVC %s/%s bound: %w", ns, name, err)
 	}
 	return pv, pvc, nil

@@ -294,18 +294,27 @@ func logLines(out string, parts ...string) []string {
 // /shadow readers).
 func applyShadowRBAC(t *testing.T, r *rendered) {
 	t.Helper()
-	ctx := t.Context()
-	rbac := cluster.Client.RbacV1()
 	setRole(t, convert[rbacv1.Role](t, find(t, r.objects, "Role", "attach-detach-controller-shadow-leader-election")))
+	createRoleBinding(t, r, "attach-detach-controller-shadow-leader-election")
+	applySecureRBAC(t, r)
+}
+
+// applySecureRBAC grants what the secure port needs, as r renders it: auth
+// delegation, and the /explain and /shadow readers' ClusterRole.
+func applySecureRBAC(t *testing.T, r *rendered) {
+	t.Helper()
 	setClusterRole(t, convert[rbacv1.ClusterRole](t, find(t, r.objects, "ClusterRole", "attach-detach-controller:explain")))
-	for _, name := range []string{"attach-detach-controller-shadow-leader-election", "attach-detach-controller:authentication-reader"} {
-		rb := convert[rbacv1.RoleBinding](t, find(t, r.objects, "RoleBinding", name))
-		if _, err := rbac.RoleBindings(rb.Namespace).Create(ctx, rb, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
-	}
+	createRoleBinding(t, r, "attach-detach-controller:authentication-reader")
 	crb := convert[rbacv1.ClusterRoleBinding](t, find(t, r.objects, "ClusterRoleBinding", "attach-detach-controller:auth-delegator"))
-	if _, err := rbac.ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := cluster.Client.RbacV1().ClusterRoleBindings().Create(t.Context(), crb, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+}
+
+func createRoleBinding(t *testing.T, r *rendered, name string) {
+	t.Helper()
+	rb := convert[rbacv1.RoleBinding](t, find(t, r.objects, "RoleBinding", name))
+	if _, err := cluster.Client.RbacV1().RoleBindings(rb.Namespace).Create(t.Context(), rb, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 }
