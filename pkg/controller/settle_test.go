@@ -112,8 +112,7 @@ func TestDetachFailedBeforeLandingIsSettledAsAttached(t *testing.T) {
 // informer showed it while the call was on its way, as pod-b came): the
 // detach is done, and the volume is attached anew.
 func TestDetachThatRacedAnotherDeleteIsSettledAsDetached(t *testing.T) {
-	var w *settleWorld
-	w = newSettleWorld(t, func(w *settleWorld) error {
+	w := newSettleWorld(t, func(w *settleWorld) error {
 		w.deleteFromAPI(t)
 		w.podWantsItAgain(t, nil)
 		must(t, w.f.c.syncAttachment(w.f.ctx, w.name))
