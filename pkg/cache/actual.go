@@ -65,7 +65,7 @@ type Attachment struct {
 	// start of the max wait for unmount); zero while it is wanted.
 	DetachWanted time.Time
 
-	// rev changes with every change of the attachment (DeleteUnchanged).
+	// rev changes with every change of the attachment (DeleteUnchanged, UpdateUnchanged).
 	rev uint64
 }
 
@@ -181,6 +181,25 @@ func (a *ActualState) Get(k Key) (Attachment, bool) {
 func (a *ActualState) Update(k Key, create bool, fn func(*Attachment)) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.updateLocked(k, create, fn)
+}
+
+// UpdateUnchanged applies fn to the attachment at k, as Update (never
+// creating it), unless it changed since seen was read (Get): what the API
+// answered about it may be older than a change recorded meanwhile (an
+// informer event of a delete that landed after the answer). It reports
+// whether fn was applied.
+func (a *ActualState) UpdateUnchanged(k Key, seen Attachment, fn func(*Attachment)) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if at, ok := a.volumes[k.Volume][k.Node]; !ok || at.rev != seen.rev {
+		return false
+	}
+	a.updateLocked(k, false, fn)
+	return true
+}
+
+func (a *ActualState) updateLocked(k Key, create bool, fn func(*Attachment)) bool {
 	at, ok := a.volumes[k.Volume][k.Node]
 	if !ok {
 		if !create {

@@ -329,3 +329,31 @@ func TestActualStateAttachmentStates(t *testing.T) {
 		t.Errorf("AttachmentStates() = %v, want %v", got, want)
 	}
 }
+
+// UpdateUnchanged applies only to the attachment as it was read: a change
+// since (an event read while the API answered) wins over the answer. A
+// write that changes nothing keeps it unchanged; a missing attachment is
+// not created.
+func TestActualStateUpdateUnchanged(t *testing.T) {
+	a := NewActualState()
+	key := k(volA, "n1")
+	a.Update(key, true, func(at *Attachment) { at.State = Attached })
+	seen, _ := a.Get(key)
+	a.Update(key, false, func(at *Attachment) { at.State = Attached })
+	if !a.UpdateUnchanged(key, seen, func(at *Attachment) { at.DevicePath = "/dev/x" }) {
+		t.Fatal("not applied to the attachment as it was read (a write that changed nothing since)")
+	}
+	a.Update(key, false, func(at *Attachment) { at.State = Detaching })
+	if a.UpdateUnchanged(key, seen, func(at *Attachment) { at.State = Attached }) {
+		t.Error("applied to an attachment changed since it was read")
+	}
+	if got, _ := a.Get(key); got.State != Detaching || got.DevicePath != "/dev/x" {
+		t.Errorf("%+v: want detaching, /dev/x", got)
+	}
+	if a.UpdateUnchanged(k(volB, "n1"), seen, func(*Attachment) {}) {
+		t.Error("applied to a missing attachment")
+	}
+	if _, ok := a.Get(k(volB, "n1")); ok {
+		t.Error("a missing attachment was created")
+	}
+}

@@ -210,3 +210,41 @@ func (c *CSI) Detach(ctx context.Context, a cache.Attachment) (bool, error) {
 	}
 	return false, nil
 }
+
+// Settle reads the VolumeAttachment of a from the API, after a delete of
+// unknown outcome: the informer's copy may predate that delete. Gone, the
+// volume is detached; being deleted, its detach is under way; otherwise
+// the delete did not land (it was refused, or failed before it reached
+// the object). What the lister still shows of an object the API no longer
+// has is taken as gone from then on (Gone).
+func (c *CSI) Settle(ctx context.Context, a cache.Attachment, _ *volume.Spec) (reconciler.Settled, error) {
+	name := a.AttachmentName
+	if name == "" {
+		_, driver, handle := volume.Parse(a.Volume)
+		name = volume.AttachmentName(handle, driver, a.Node)
+	}
+	va, err := c.client.StorageV1().VolumeAttachments().Get(ctx, name, metav1.GetOptions{})
+	gone := apierrors.IsNotFound(err)
+	if err != nil && !gone {
+		return reconciler.Settled{}, fmt.Errorf("get VolumeAttachment %s: %w", name, err)
+	}
+	if cached, lerr := c.attachments.Get(name); lerr == nil && (gone || cached.UID != va.UID) {
+		c.forget(name, cached.UID)
+	}
+	if gone {
+		return reconciler.Settled{Detached: true}, nil
+	}
+	s := reconciler.Settled{UID: string(va.UID)}
+	if va.DeletionTimestamp != nil {
+		s.Detaching = true
+		if e := va.Status.DetachError; e != nil {
+			s.Error = e.Message
+		}
+		return s, nil
+	}
+	s.Attached = va.Status.Attached
+	if e := va.Status.AttachError; e != nil && !s.Attached {
+		s.Error = e.Message
+	}
+	return s, nil
+}

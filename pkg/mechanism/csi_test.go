@@ -368,3 +368,99 @@ func TestCSIAttachHeldByAVolumeAttachmentOnAnotherNode(t *testing.T) {
 		})
 	}
 }
+
+// After a delete of unknown outcome, the API says what became of the
+// detach, not the informer's copy, which may predate the delete: gone,
+// detached; being deleted, under way; there and not being deleted, the
+// delete did not land. A copy the informer still shows of an object the
+// API no longer has is taken as gone from then on.
+func TestCSISettle(t *testing.T) {
+	now := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	named := cache.Attachment{Key: cache.Key{Volume: volume.CSIName(driver, handle), Node: node}, Kind: volume.KindCSI, AttachmentName: name1}
+	recovered := cache.Attachment{Key: cache.Key{Volume: volume.CSIName(driver, handle), Node: node}, Kind: volume.KindCSI}
+	attached := func(a *storagev1.VolumeAttachment) { a.Status.Attached = true }
+	uid := types.UID("uid-" + name1[:8])
+	tests := []struct {
+		name       string
+		attachment cache.Attachment
+		inAPI      []*storagev1.VolumeAttachment
+		inCache    []*storagev1.VolumeAttachment
+		reactors   map[string]error
+
+		want        reconciler.Settled
+		wantErr     string
+		wantGoneUID types.UID // the informer's copy with this UID is taken as gone
+	}{
+		{
+			name:       "delete failed before landing: attached",
+			attachment: named,
+			inAPI:      []*storagev1.VolumeAttachment{va(name1, attached)}, inCache: []*storagev1.VolumeAttachment{va(name1, attached)},
+			want: reconciler.Settled{Attached: true, UID: string(uid)},
+		},
+		{
+			name:       "name derived from the volume name",
+			attachment: recovered,
+			inAPI:      []*storagev1.VolumeAttachment{va(name1, attached)},
+			want:       reconciler.Settled{Attached: true, UID: string(uid)},
+		},
+		{
+			name:       "not attached yet, failing: its attach error",
+			attachment: named,
+			inAPI: []*storagev1.VolumeAttachment{va(name1, func(a *storagev1.VolumeAttachment) {
+				a.Status.AttachError = &storagev1.VolumeError{Message: "no such disk"}
+			})},
+			want: reconciler.Settled{UID: string(uid), Error: "no such disk"},
+		},
+		{
+			// The delete raced another one, or landed and its answer was
+			// lost; the informer still shows the object.
+			name:       "gone from the API, still in the informer: detached, the copy taken as gone",
+			attachment: named, inCache: []*storagev1.VolumeAttachment{va(name1, attached)},
+			want: reconciler.Settled{Detached: true}, wantGoneUID: uid,
+		},
+		{
+			name:       "being deleted (an attacher's finalizer holds it), the informer behind: detaching",
+			attachment: named,
+			inAPI: []*storagev1.VolumeAttachment{va(name1, func(a *storagev1.VolumeAttachment) {
+				a.Status.Attached, a.DeletionTimestamp, a.Finalizers = true, &now, []string{"external-attacher/d-example-com"}
+				a.Status.DetachError = &storagev1.VolumeError{Message: "device busy"}
+			})},
+			inCache: []*storagev1.VolumeAttachment{va(name1, attached)},
+			want:    reconciler.Settled{Detaching: true, UID: string(uid), Error: "device busy"},
+		},
+		{
+			name:       "created again by someone: the new object, the informer's copy of the old taken as gone",
+			attachment: named,
+			inAPI:      []*storagev1.VolumeAttachment{va(name1, func(a *storagev1.VolumeAttachment) { a.UID = "uid-new" })},
+			inCache:    []*storagev1.VolumeAttachment{va(name1, attached)},
+			want:       reconciler.Settled{UID: "uid-new"}, wantGoneUID: uid,
+		},
+		{
+			name:       "the API not answering: an error",
+			attachment: named, inCache: []*storagev1.VolumeAttachment{va(name1, attached)},
+			reactors: map[string]error{"get": errors.New("connection refused")},
+			wantErr:  "get VolumeAttachment " + name1 + ": connection refused",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, client := setup(t, tt.inAPI, tt.inCache, tt.reactors)
+			got, err := m.Settle(context.Background(), tt.attachment, pvSpec())
+			gotErr := ""
+			if err != nil {
+				gotErr = err.Error()
+			}
+			if got != tt.want || gotErr != tt.wantErr {
+				t.Errorf("Settle = %+v, %q; want %+v, %q", got, gotErr, tt.want, tt.wantErr)
+			}
+			for _, a := range client.Actions() {
+				if a.GetVerb() != "get" {
+					t.Errorf("API call %v: Settle only reads", a)
+				}
+			}
+			if gone := m.Gone(name1, uid); gone != (tt.wantGoneUID == uid) {
+				t.Errorf("the informer's copy taken as gone: %v, want %v", gone, tt.wantGoneUID == uid)
+			}
+		})
+	}
+}

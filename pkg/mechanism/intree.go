@@ -52,3 +52,22 @@ func (m *InTree) Detach(ctx context.Context, a cache.Attachment) (bool, error) {
 	}
 	return true, nil
 }
+
+// Settle attaches the volume again after a detach of unknown outcome, for a
+// pod that wants it again on the same node: no API shows what became of an
+// in-tree detach, and an attach (idempotent) leaves the volume attached,
+// whatever the detach did. The plugins of this build only record the
+// attachment; kubelet attaches on the node.
+func (m *InTree) Settle(ctx context.Context, a cache.Attachment, spec *volume.Spec) (reconciler.Settled, error) {
+	if spec == nil {
+		spec = a.Spec
+	}
+	if spec == nil {
+		return reconciler.Settled{}, fmt.Errorf("volume %s: no spec to attach it again with", a.Volume)
+	}
+	res, err := m.Attach(ctx, spec, a.Node)
+	if err != nil {
+		return reconciler.Settled{}, err
+	}
+	return reconciler.Settled{Attached: true, DevicePath: res.DevicePath}, nil
+}

@@ -105,3 +105,46 @@ func TestInTree(t *testing.T) {
 		})
 	}
 }
+
+// Nothing shows what became of an in-tree detach of unknown outcome: the
+// volume is attached again (never detached), with the spec of the pod that
+// wants it, or the one it was attached with.
+func TestInTreeSettle(t *testing.T) {
+	const iscsi = volume.Name("kubernetes.io/iscsi/10.0.0.1:3260:iqn.2001-04.com.example:storage:0")
+	spec := &volume.Spec{Name: iscsi, Kind: volume.KindInTree, PluginName: volume.ISCSIPluginName}
+	a := cache.Attachment{Key: cache.Key{Volume: iscsi, Node: "node-1"}, PluginName: volume.ISCSIPluginName}
+	withSpec := a
+	withSpec.Spec = spec
+	for _, tt := range []struct {
+		name      string
+		a         cache.Attachment
+		spec      *volume.Spec
+		pluginErr error
+		want      reconciler.Settled
+		wantErr   string
+		wantCalls []string
+	}{
+		{name: "attached again", a: a, spec: spec, want: reconciler.Settled{Attached: true, DevicePath: "/dev/sdb"},
+			wantCalls: []string{"attach " + string(iscsi) + "@node-1"}},
+		{name: "with the spec on record", a: withSpec, want: reconciler.Settled{Attached: true, DevicePath: "/dev/sdb"},
+			wantCalls: []string{"attach " + string(iscsi) + "@node-1"}},
+		{name: "attach fails", a: a, spec: spec, pluginErr: errors.New("no route"), wantErr: "no route",
+			wantCalls: []string{"attach " + string(iscsi) + "@node-1"}},
+		{name: "no spec", a: a, wantErr: "volume " + string(iscsi) + ": no spec to attach it again with"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := &fakePlugin{name: volume.ISCSIPluginName, err: tt.pluginErr}
+			got, err := NewInTree(intree.NewRegistry(p)).Settle(context.Background(), tt.a, tt.spec)
+			gotErr := ""
+			if err != nil {
+				gotErr = err.Error()
+			}
+			if got != tt.want || gotErr != tt.wantErr {
+				t.Errorf("Settle = %+v, %q; want %+v, %q", got, gotErr, tt.want, tt.wantErr)
+			}
+			if !reflect.DeepEqual(p.calls, tt.wantCalls) {
+				t.Errorf("plugin calls %q, want %q", p.calls, tt.wantCalls)
+			}
+		})
+	}
+}

@@ -32,6 +32,10 @@ func (benchMechanism) Attach(_ context.Context, spec *volume.Spec, node string) 
 
 func (benchMechanism) Detach(context.Context, cache.Attachment) (bool, error) { return false, nil }
 
+func (benchMechanism) Settle(context.Context, cache.Attachment, *volume.Spec) (reconciler.Settled, error) {
+	return reconciler.Settled{}, nil
+}
+
 // benchWorld returns a Reconciler over 100,000 volumes wanted and attached
 // (and reported) on managed Ready nodes that have none in use, plus one
 // volume, cachetest.Volumes, attached and wanted by nobody on a node of its own

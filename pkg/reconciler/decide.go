@@ -29,6 +29,11 @@ const (
 	// Blocked: the volume can't be attached until something changes
 	// (single-node access, undecided mechanism).
 	Blocked Action = "blocked"
+	// Settle: a pod wants the volume again on a node where a detach of it
+	// started and has an unknown outcome: what became of that detach is
+	// read from the API (or, for an in-tree volume, the volume is attached
+	// again), and recorded.
+	Settle Action = "settle"
 )
 
 // Force reasons, as the forced detach metric labels them.
@@ -90,8 +95,12 @@ func (r *Reconciler) Decide(k cache.Key, now time.Time) Decision {
 	}
 	if d.HasAttachment && !d.Attachment.DetachStarted.IsZero() && d.Attachment.State != cache.Detaching {
 		// A detach was started and its outcome is unknown (its call
-		// failed, or its answer was lost): it is finished before the volume
-		// is attached or reported again, whoever wants it now. The volume
+		// failed, or raced another delete): it is settled before the
+		// volume is attached or reported again.
+		if d.Desired {
+			return r.decideSettle(d)
+		}
+		// No pod on the node wants it: the detach is finished. The volume
 		// may still be attached, and the node may have come back and
 		// mounted it since: each try is decided again under the detach
 		// rules, as the first was.
@@ -114,6 +123,30 @@ func (r *Reconciler) Decide(k cache.Key, now time.Time) Decision {
 		return r.decideAttach(d, now)
 	}
 	return r.decideDetach(d, node, now)
+}
+
+// decideSettle decides for a pod that wants the volume again on a node
+// where its detach started and has an unknown outcome. Finishing that
+// detach would wait for the volume to leave the node's volumesInUse, where
+// kubelet lists a volume a pod wants before it is attached: it would never
+// finish, and the volume never come back. What became of the detach is
+// settled instead (kube-controller-manager puts a volume whose detach
+// failed back as attached and reported): a VolumeAttachment the API shows
+// not being deleted was not detached, so the volume is attached as before
+// and listed again; one being deleted is waited for; one gone is attached
+// anew. The API is read, not the informer's copy, which may predate the
+// delete. An in-tree detach leaves nothing to read: the volume is attached
+// again (attaches are idempotent), unless another node holds it.
+func (r *Reconciler) decideSettle(d Decision) Decision {
+	k, a := d.Key, d.Attachment
+	if a.Kind == volume.KindCSI || (a.Kind == "" && kindOfName(a.Volume) == volume.KindCSI) {
+		return d.with(Settle, "pod %s wants it again on node %s, where its detach started with an unknown outcome: reading its VolumeAttachment from the API to settle it", d.Pods[0], k.Node)
+	}
+	if elsewhere := singleNodeAccessConflict(d.Spec, k.Node, r.actual); len(elsewhere) > 0 {
+		d.Elsewhere = elsewhere
+		return d.with(Blocked, "volume is already exclusively attached to node %s, waiting on detach before it can be attached to another node", nodesOf(elsewhere))
+	}
+	return d.with(Settle, "pod %s wants it again on node %s, where its detach started with an unknown outcome: attaching it again to settle it", d.Pods[0], k.Node)
 }
 
 func (r *Reconciler) decideAttach(d Decision, now time.Time) Decision {

@@ -37,6 +37,10 @@ func (g *gateMechanism) Attach(_ context.Context, spec *volume.Spec, node string
 
 func (g *gateMechanism) Detach(context.Context, cache.Attachment) (bool, error) { return false, nil }
 
+func (g *gateMechanism) Settle(context.Context, cache.Attachment, *volume.Spec) (Settled, error) {
+	return Settled{}, nil
+}
+
 // Two workers sync one ReadWriteOnce volume on two nodes at the same time:
 // the second must not attach while the first is attaching, must not block
 // either, and is handed back when the first is done; it then finds the

@@ -38,6 +38,7 @@ func TestContinuesOperation(t *testing.T) {
 		{"wait before the detach of an attach never confirmed", Wait, cache.Attachment{State: cache.Uncertain}, true, true},
 		{"wait to finish a detach that began and failed", Wait, cache.Attachment{State: cache.Attached, Withdrawn: true, DetachStarted: t0}, true, true},
 		{"blocked", Blocked, cache.Attachment{}, false, false},
+		{"settle a detach that began, for a pod that wants the volume again", Settle, cache.Attachment{State: cache.Attached, Withdrawn: true, DetachStarted: t0}, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := Decision{Action: tc.action}
@@ -62,6 +63,10 @@ func (m *countingMechanism) Attach(context.Context, *volume.Spec, string) (Attac
 func (m *countingMechanism) Detach(context.Context, cache.Attachment) (bool, error) {
 	m.detaches++
 	return true, nil
+}
+
+func (m *countingMechanism) Settle(context.Context, cache.Attachment, *volume.Spec) (Settled, error) {
+	return Settled{Detached: true}, nil
 }
 
 // A handoff while pods remain to be read: an attach this controller started,

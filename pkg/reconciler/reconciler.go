@@ -37,6 +37,31 @@ type Mechanism interface {
 	Attach(ctx context.Context, spec *volume.Spec, node string) (AttachResult, error)
 	// Detach detaches a, or starts doing so; done is true once it is detached.
 	Detach(ctx context.Context, a cache.Attachment) (done bool, err error)
+	// Settle says what became of the detach of a that started and whose
+	// outcome is unknown (its call failed, or raced another delete), for a
+	// pod on a's node that wants the volume (spec) again: from what the
+	// API shows now, or, where nothing shows it, by attaching the volume
+	// again. It never detaches.
+	Settle(ctx context.Context, a cache.Attachment, spec *volume.Spec) (Settled, error)
+}
+
+// Settled is what became of a detach whose outcome was unknown
+// (Mechanism.Settle).
+type Settled struct {
+	// Detached: the volume is detached (its VolumeAttachment is gone).
+	Detached bool
+	// Detaching: the detach is under way (its VolumeAttachment is being
+	// deleted).
+	Detaching bool
+	// Otherwise the detach did not happen: the volume is attached
+	// (Attached, with DevicePath), or its attach is under way.
+	Attached   bool
+	DevicePath string
+	// UID is the VolumeAttachment's, for the CSI mechanism.
+	UID string
+	// Error is the attacher's last error on it: its attach error, or its
+	// detach error while Detaching.
+	Error string
 }
 
 // AttachResult is what an attach call learned.
@@ -287,6 +312,8 @@ func (r *Reconciler) act(ctx context.Context, d Decision, now time.Time, again b
 		return res, err
 	case Detach:
 		return r.detach(ctx, d, now)
+	case Settle:
+		return r.settleDetach(ctx, d, now, again)
 	}
 	return Result{}, fmt.Errorf("unknown action %q", d.Action)
 }
@@ -301,9 +328,9 @@ func (r *Reconciler) settle(d Decision) Result {
 		return res
 	}
 	a := d.Attachment
-	// A detach that started is finished first (Decide), whatever wants the
-	// volume now: it stays out of the report (on a node whose management
-	// changed meanwhile, the decision is Nothing).
+	// A detach that started is settled first (Decide): until then it stays
+	// out of the report (on a node whose management changed meanwhile, the
+	// decision is Nothing).
 	if a.DetachStarted.IsZero() && (a.Withdrawn || !a.DetachWanted.IsZero()) {
 		r.actual.Update(d.Key, false, func(a *cache.Attachment) {
 			a.Withdrawn = false
@@ -517,6 +544,72 @@ func (r *Reconciler) detach(ctx context.Context, d Decision, now time.Time) (Res
 		}
 	})
 	return Result{}, nil
+}
+
+// settleDetach settles the detach that started at d's key, whose outcome
+// is unknown, for the pod on that node that wants the volume again
+// (Mechanism.Settle), and records the outcome: detached, the record goes
+// (its keys are synced again, and the volume is attached anew); under way,
+// it is detaching, and the VolumeAttachment's deletion, read by its
+// informer, re-queues the key; otherwise the detach did not happen, and
+// the volume is attached (or its attach under way) as before it, put back
+// in the node's report by the next decision, which again allows in the
+// same call.
+func (r *Reconciler) settleDetach(ctx context.Context, d Decision, now time.Time, again bool) (Result, error) {
+	logger := klog.FromContext(ctx)
+	k, a := d.Key, d.Attachment
+	kind := a.Kind
+	if kind == "" {
+		kind = kindOfName(a.Volume)
+	}
+	mech, ok := r.mechanisms[kind]
+	if !ok {
+		return Result{}, fmt.Errorf("no mechanism settles volumes of kind %q", kind)
+	}
+	s, err := mech.Settle(ctx, a, d.Spec)
+	if err != nil {
+		return Result{}, fmt.Errorf("settle the detach of %s from node %s: %w", a.Volume, a.Node, err)
+	}
+	if s.Detached {
+		if !r.actual.DeleteUnchanged(k, a) {
+			// The record changed during the call: decided again.
+			return Result{Wake: []cache.Key{k}}, nil
+		}
+		r.metrics.ObserveOperation(volume.MetricPluginName(a.Volume), metrics.OperationDetach, migrated(a), true, now.Sub(a.DetachStarted))
+		logger.V(2).Info("The detach that started is done: the volume is attached anew", "reason", d.Reason)
+		return Result{Detached: true, Wake: r.WantedUnderOtherNames(a)}, nil
+	}
+	// Applied only to the record as it was decided on: an event read
+	// during the call may say more than the answer (a delete that landed
+	// since).
+	if !r.actual.UpdateUnchanged(k, a, func(cur *cache.Attachment) {
+		if s.UID != "" {
+			cur.AttachmentUID = s.UID
+		}
+		if s.Detaching {
+			cur.State, cur.DetachError = cache.Detaching, s.Error
+			return
+		}
+		cur.DetachStarted, cur.DetachError, cur.AttachError = time.Time{}, "", s.Error
+		if cur.Spec == nil {
+			cur.Spec = d.Spec
+		}
+		cur.State = cache.Uncertain
+		if s.Attached {
+			cur.State, cur.DevicePath = cache.Attached, s.DevicePath
+		}
+	}) {
+		return Result{Wake: []cache.Key{k}}, nil
+	}
+	if s.Detaching {
+		logger.V(2).Info("The detach that started is under way: the volume is attached again once it is done", "reason", d.Reason)
+		return Result{}, nil
+	}
+	logger.V(2).Info("The detach that started did not happen: the volume stays attached", "attached", s.Attached, "reason", d.Reason)
+	if !again {
+		return Result{Wake: []cache.Key{k}}, nil
+	}
+	return r.act(ctx, r.Decide(k, now), now, false)
 }
 
 // WantedUnderOtherNames returns the keys that want the volume of a, gone

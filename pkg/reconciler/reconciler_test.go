@@ -93,6 +93,14 @@ type detachReply struct {
 	err  error
 }
 
+type settleReply struct {
+	res Settled
+	err error
+	// during, when set, runs inside the call (an informer event read
+	// meanwhile).
+	during func()
+}
+
 // fakeMechanism records its calls in a log shared by every mechanism and
 // answers with the replies configured per volume.
 type fakeMechanism struct {
@@ -100,6 +108,7 @@ type fakeMechanism struct {
 	calls  *[]string
 	attach map[volume.Name]attachReply
 	detach map[volume.Name]detachReply
+	settle map[volume.Name]settleReply
 	actual *cache.ActualState
 	// during, when set, runs inside every Attach call.
 	during func()
@@ -127,6 +136,15 @@ func (f *fakeMechanism) Detach(_ context.Context, a cache.Attachment) (bool, err
 	return r.done, r.err
 }
 
+func (f *fakeMechanism) Settle(_ context.Context, a cache.Attachment, _ *volume.Spec) (Settled, error) {
+	*f.calls = append(*f.calls, string(f.kind)+" settle "+string(a.Volume)+"@"+a.Node)
+	r := f.settle[a.Volume]
+	if r.during != nil {
+		r.during()
+	}
+	return r.res, r.err
+}
+
 type env struct {
 	t       *testing.T
 	desired *cache.DesiredState
@@ -140,6 +158,7 @@ type env struct {
 	calls  []string
 	attach map[volume.Name]attachReply
 	detach map[volume.Name]detachReply
+	settle map[volume.Name]settleReply
 	// writing holds the list of a node status write begun by begin.
 	writing map[string][]v1.AttachedVolume
 }
@@ -154,12 +173,13 @@ func newEnv(t *testing.T, cfg Config) *env {
 		now:     t0,
 		attach:  map[volume.Name]attachReply{},
 		detach:  map[volume.Name]detachReply{},
+		settle:  map[volume.Name]settleReply{},
 		writing: map[string][]v1.AttachedVolume{},
 	}
 	e.status = nodestatus.NewRecord(e.actual)
 	mechs := map[volume.Kind]Mechanism{}
 	for _, kind := range []volume.Kind{volume.KindCSI, volume.KindInTree} {
-		mechs[kind] = &fakeMechanism{kind: kind, calls: &e.calls, attach: e.attach, detach: e.detach, actual: e.actual}
+		mechs[kind] = &fakeMechanism{kind: kind, calls: &e.calls, attach: e.attach, detach: e.detach, settle: e.settle, actual: e.actual}
 	}
 	e.r = New(e.desired, e.actual, e.status, mechs, e.rec, e.m, cfg)
 	e.r.now = func() time.Time { return e.now }
@@ -307,6 +327,7 @@ func TestSync(t *testing.T) {
 		attachments []fixture
 		attach      map[volume.Name]attachReply
 		detach      map[volume.Name]detachReply
+		settle      map[volume.Name]settleReply
 		steps       []step
 
 		wantActual       map[cache.Key]attView
@@ -425,11 +446,145 @@ func TestSync(t *testing.T) {
 			wantActual: map[cache.Key]attView{key(specB, node1): {State: cache.Attached, Reported: true}},
 		},
 		{
-			// The delete call failed or its answer was lost: the detach may
-			// be under way. It is finished before the volume is attached or
-			// reported again, even for a pod that wants it now.
-			name: "detach started, outcome unknown, wanted again: the detach is finished first",
-			pods: []wants{{podA, node1, []*volume.Spec{specA}}},
+			// The delete call failed before it landed (refused, or failed
+			// on its way): the VolumeAttachment the API shows is not being
+			// deleted. A pod wants the volume again on the node, whose
+			// kubelet lists it in use already: the detach is not finished
+			// (it would wait for that forever); the volume is attached as
+			// before and listed again.
+			name:  "detach failed before landing, wanted again on the node: attached and listed again",
+			nodes: map[string]cache.NodeInfo{node1: mounted(ready, specA.Name)},
+			pods:  []wants{{podA, node1, []*volume.Spec{specA}}},
+			attachments: []fixture{attached(specA, node1, func(a *fixture) {
+				a.Reported, a.Withdrawn, a.DetachWanted, a.DetachStarted = false, true, t0, t0
+				a.AttachmentName, a.AttachmentUID, a.DetachError = vaNameA, "uid-1", "delete refused"
+			})},
+			settle: map[volume.Name]settleReply{specA.Name: {res: Settled{Attached: true, UID: "uid-1"}}},
+			steps: []step{
+				{key: key(specA, node1), wantCalls: []string{"csi settle " + string(specA.Name) + "@node-1"},
+					wantResult: Result{WriteNodeStatus: true}},
+				{name: "listed", before: func(e *env) { e.writeStatus(node1) }, key: key(specA, node1)},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Reported: true, Name: vaNameA}},
+		},
+		{
+			// Its delete raced another one: the object is gone. The
+			// record goes, and the volume is attached anew.
+			name:  "detach raced another delete, wanted again on the node: attached anew",
+			nodes: map[string]cache.NodeInfo{node1: mounted(ready, specA.Name)},
+			pods:  []wants{{podA, node1, []*volume.Spec{specA}}},
+			attachments: []fixture{attached(specA, node1, func(a *fixture) {
+				a.Reported, a.Withdrawn, a.DetachWanted, a.DetachStarted, a.AttachmentName = false, true, t0, t0, vaNameA
+			})},
+			settle: map[volume.Name]settleReply{specA.Name: {res: Settled{Detached: true}}},
+			attach: map[volume.Name]attachReply{specA.Name: {res: AttachResult{AttachmentName: vaNameA, Created: true, UID: "uid-2"}}},
+			steps: []step{
+				{key: key(specA, node1), wantCalls: []string{"csi settle " + string(specA.Name) + "@node-1"},
+					wantResult: Result{Detached: true}},
+				{name: "attached anew", key: key(specA, node1), wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"},
+					wantResult: Result{RequeueAfter: unseenRecheck}},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Uncertain, Unannounced: true, Name: vaNameA}},
+			check: func(t *testing.T, e *env) {
+				if n := samples(t, e, metrics.OperationDetach, metrics.StatusSuccess); n != 1 {
+					t.Errorf("detach successes observed: %d, want 1", n)
+				}
+			},
+		},
+		{
+			// Its delete landed (its answer was lost) and an attacher's
+			// finalizer holds the object: the detach is under way. The
+			// volume is not listed again while it is; once the object is
+			// gone (its informer's deletion), it is attached anew.
+			name:  "delete landed, answer lost, object being deleted: waits for it to go, then attached anew",
+			nodes: map[string]cache.NodeInfo{node1: mounted(ready, specA.Name)},
+			pods:  []wants{{podA, node1, []*volume.Spec{specA}}},
+			attachments: []fixture{attached(specA, node1, func(a *fixture) {
+				a.Reported, a.Withdrawn, a.DetachWanted, a.DetachStarted = false, true, t0, t0
+				a.AttachmentName, a.AttachmentUID, a.DetachError = vaNameA, "uid-1", "timeout"
+			})},
+			settle: map[volume.Name]settleReply{specA.Name: {res: Settled{Detaching: true, UID: "uid-1"}}},
+			attach: map[volume.Name]attachReply{specA.Name: {res: AttachResult{AttachmentName: vaNameA, Created: true, UID: "uid-2"}}},
+			steps: []step{
+				{key: key(specA, node1), wantCalls: []string{"csi settle " + string(specA.Name) + "@node-1"}},
+				{name: "still being deleted: waits, with no timer", advance: time.Hour, key: key(specA, node1)},
+				{name: "gone", before: func(e *env) { e.actual.Delete(key(specA, node1)) }, key: key(specA, node1),
+					wantCalls: []string{"csi attach " + string(specA.Name) + "@node-1"}, wantResult: Result{RequeueAfter: unseenRecheck}},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Uncertain, Unannounced: true, Name: vaNameA}},
+		},
+		{
+			// An informer event read while the API answered says more than
+			// the answer (a delete that landed since): the answer is not
+			// applied, and the key is decided again.
+			name:  "settled while the record changed: decided again",
+			nodes: map[string]cache.NodeInfo{node1: mounted(ready, specA.Name)},
+			pods:  []wants{{podA, node1, []*volume.Spec{specA}}},
+			attachments: []fixture{attached(specA, node1, func(a *fixture) {
+				a.Reported, a.Withdrawn, a.DetachStarted, a.AttachmentName, a.AttachmentUID = false, true, t0, vaNameA, "uid-1"
+			})},
+			steps: []step{
+				{name: "being deleted meanwhile", before: func(e *env) {
+					e.settle[specA.Name] = settleReply{res: Settled{Attached: true, UID: "uid-1"}, during: func() {
+						e.actual.Update(key(specA, node1), false, func(a *cache.Attachment) { a.State = cache.Detaching })
+					}}
+				}, key: key(specA, node1), wantCalls: []string{"csi settle " + string(specA.Name) + "@node-1"},
+					wantResult: Result{Wake: []cache.Key{key(specA, node1)}}},
+				{name: "detaching: waits", key: key(specA, node1)},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Detaching, Withdrawn: true, Name: vaNameA}},
+		},
+		{
+			name:  "settle fails: retried with backoff, nothing changed",
+			nodes: map[string]cache.NodeInfo{node1: mounted(ready, specA.Name)},
+			pods:  []wants{{podA, node1, []*volume.Spec{specA}}},
+			attachments: []fixture{attached(specA, node1, func(a *fixture) {
+				a.Reported, a.Withdrawn, a.DetachStarted, a.AttachmentName = false, true, t0, vaNameA
+			})},
+			settle: map[volume.Name]settleReply{specA.Name: {err: errors.New("connection refused")}},
+			steps: []step{
+				{key: key(specA, node1), wantCalls: []string{"csi settle " + string(specA.Name) + "@node-1"},
+					wantErr: "settle the detach of " + string(specA.Name) + " from node node-1: connection refused"},
+			},
+			wantActual: map[cache.Key]attView{key(specA, node1): {State: cache.Attached, Withdrawn: true, Name: vaNameA}},
+		},
+		{
+			// Nothing shows what became of an in-tree detach: the volume
+			// is attached again.
+			name:  "in-tree detach of unknown outcome, wanted again on the node: attached again and listed",
+			nodes: map[string]cache.NodeInfo{node1: mounted(ready, iscsiName)},
+			pods:  []wants{{podA, node1, []*volume.Spec{specISCSI}}},
+			attachments: []fixture{attached(specISCSI, node1, func(a *fixture) {
+				a.Reported, a.Withdrawn, a.DetachStarted, a.DetachError, a.DevicePath = false, true, t0, "timeout", "/dev/sdb"
+			})},
+			settle: map[volume.Name]settleReply{iscsiName: {res: Settled{Attached: true, DevicePath: "/dev/sdc"}}},
+			steps: []step{
+				{key: key(specISCSI, node1), wantCalls: []string{"in-tree settle " + string(iscsiName) + "@node-1"},
+					wantResult: Result{WriteNodeStatus: true}},
+			},
+			wantActual: map[cache.Key]attView{key(specISCSI, node1): {State: cache.Attached, DevicePath: "/dev/sdc"}},
+		},
+		{
+			// Attaching it again could attach it to a second node.
+			name:  "in-tree single-node detach of unknown outcome, held on another node: blocked",
+			nodes: map[string]cache.NodeInfo{node1: mounted(ready, ebsInTree), node2: ready},
+			pods:  []wants{{podA, node1, []*volume.Spec{specEBSInTree}}},
+			attachments: []fixture{
+				attached(specEBSInTree, node1, func(a *fixture) { a.Reported, a.Withdrawn, a.DetachStarted = false, true, t0 }),
+				attached(specEBSInTree, node2, nil),
+			},
+			steps: []step{
+				{key: key(specEBSInTree, node1), wantEvents: []string{waitingForDetach("pv-ebs", exclusive)}},
+			},
+			wantActual: map[cache.Key]attView{
+				key(specEBSInTree, node1): {State: cache.Attached, Withdrawn: true},
+				key(specEBSInTree, node2): {State: cache.Attached, Reported: true},
+			},
+		},
+		{
+			// No pod wants it: the detach that started is finished, under
+			// the detach rules.
+			name: "detach started, outcome unknown, not wanted: finished",
 			attachments: []fixture{attached(specA, node1, func(a *fixture) {
 				a.Reported, a.Withdrawn, a.DetachStarted = false, true, t0
 			})},
@@ -864,6 +1019,9 @@ func TestSync(t *testing.T) {
 			}
 			for n, r := range tt.detach {
 				e.detach[n] = r
+			}
+			for n, r := range tt.settle {
+				e.settle[n] = r
 			}
 			nodes := tt.nodes
 			if nodes == nil {

@@ -148,7 +148,8 @@ func (c Config) DeletedNodeWait() time.Duration {
 // handoffContinues says whether d, during a handoff, finishes what is under
 // way rather than starting something: an attach started before (its
 // VolumeAttachment created, or an in-tree attach of unknown outcome), a
-// detach that began (retried after a failure), or the detach of an attach
+// detach that began (retried after a failure, or settled for a pod that
+// wants the volume again), or the detach of an attach
 // never confirmed, which no node status lists, so that its detach needs no
 // withdrawal and leaves the successor nothing ambiguous. So does the wait
 // before such a detach (the max wait for unmount on a node that is gone),
@@ -169,6 +170,10 @@ func handoffContinues(d Decision) bool {
 		return d.HasAttachment && d.Attachment.State != cache.Attached
 	case Detach:
 		return d.HasAttachment && (d.Attachment.State != cache.Attached || !d.Attachment.DetachStarted.IsZero())
+	case Settle:
+		// Of a detach that began: its outcome is settled, never left
+		// ambiguous.
+		return true
 	}
 	return false
 }

@@ -349,6 +349,10 @@ func (m detachSwap) Attach(context.Context, *volume.Spec, string) (AttachResult,
 	return AttachResult{}, nil
 }
 
+func (m detachSwap) Settle(context.Context, cache.Attachment, *volume.Spec) (Settled, error) {
+	return Settled{}, nil
+}
+
 func (m detachSwap) Detach(_ context.Context, a cache.Attachment) (bool, error) {
 	m.actual.Delete(a.Key)
 	m.actual.Update(a.Key, true, func(n *cache.Attachment) {
@@ -384,6 +388,10 @@ type detachGoneThenCreated struct{ actual *cache.ActualState }
 
 func (m detachGoneThenCreated) Attach(context.Context, *volume.Spec, string) (AttachResult, error) {
 	return AttachResult{}, nil
+}
+
+func (m detachGoneThenCreated) Settle(context.Context, cache.Attachment, *volume.Spec) (Settled, error) {
+	return Settled{}, nil
 }
 
 func (m detachGoneThenCreated) Detach(_ context.Context, a cache.Attachment) (bool, error) {

@@ -29,6 +29,11 @@ func (m noMechanism) Detach(context.Context, cache.Attachment) (bool, error) {
 	return false, nil
 }
 
+func (m noMechanism) Settle(context.Context, cache.Attachment, *volume.Spec) (reconciler.Settled, error) {
+	m.t.Error("Observe settled a detach")
+	return reconciler.Settled{}, nil
+}
+
 // TestObserve: a controller that does not act keeps the time a detach was
 // first wanted, so that its decisions follow the max wait for unmount as
 // Sync's do, and it acts on nothing.

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -67,11 +68,13 @@ type watchStream struct {
 }
 
 // proxyRule acts on the requests it matches: it refuses them, or holds
-// their answers, after the API acted, until released.
+// their answers, after the API acted, until released; with lose, the
+// answer held is then lost, replaced by a timeout.
 type proxyRule struct {
 	match  func(*http.Request) bool
 	refuse *metav1.Status
 	hold   *answerHold
+	lose   bool
 	calls  int
 }
 
@@ -204,9 +207,32 @@ func (p *apiProxy) answered(resp *http.Response) error {
 			case <-rule.hold.released:
 			case <-p.closing:
 			}
+			if rule.lose {
+				loseAnswer(resp)
+			}
 		}
 	}
 	return nil
+}
+
+// lostAnswer is what the controller gets instead of an answer lost: the
+// server's word for a request it may still have carried out.
+var lostAnswer = &metav1.Status{
+	TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+	Status:   metav1.StatusFailure, Code: http.StatusGatewayTimeout, Reason: metav1.StatusReasonTimeout,
+	Message: "the server was unable to return a response in the time allotted, but may still be processing the request (the test lost the answer)",
+}
+
+// loseAnswer replaces the answer resp carries by lostAnswer.
+func loseAnswer(resp *http.Response) {
+	body, _ := json.Marshal(lostAnswer) // a Status always marshals
+	_ = resp.Body.Close()               // the answer is lost
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.StatusCode, resp.Status = http.StatusGatewayTimeout, http.StatusText(http.StatusGatewayTimeout)
+	resp.ContentLength = int64(len(body))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	resp.Header.Set("Content-Type", "application/json")
+	resp.Header.Del("Content-Encoding")
 }
 
 // deletedByController reports whether the VolumeAttachment with uid was
@@ -239,6 +265,15 @@ func (p *apiProxy) refuse(match func(*http.Request) bool, message string) (lift 
 func (p *apiProxy) holdAnswer(match func(*http.Request) bool) *answerHold {
 	h := &answerHold{held: make(chan struct{}), released: make(chan struct{})}
 	p.addRule(&proxyRule{match: match, hold: h})
+	return h
+}
+
+// loseAnswerOf passes the first request match accepts to the API and holds
+// its answer until released, then loses it: the controller gets a timeout
+// for a write that landed.
+func (p *apiProxy) loseAnswerOf(match func(*http.Request) bool) *answerHold {
+	h := &answerHold{held: make(chan struct{}), released: make(chan struct{})}
+	p.addRule(&proxyRule{match: match, hold: h, lose: true})
 	return h
 }
 

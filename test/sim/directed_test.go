@@ -168,3 +168,66 @@ func TestManagedAgainBeforeItsPodsAreRead(t *testing.T) {
 		t.Errorf("violations: %q", s.violations)
 	}
 }
+
+// The delete of a volume's VolumeAttachment is refused (as an admission
+// webhook refuses it) while its pod goes, and a pod on the same node wants
+// the volume again: its kubelet lists it in volumesInUse before it is
+// attached. The detach that started is never finished (it would wait for
+// the volume to leave volumesInUse for good): what the API shows settles
+// it, and the volume, never detached, is listed in node status again. The
+// random runs reach this now and then (I4 or I5 before it was settled).
+func TestRefusedDetachIsSettledForAPodThatWantsItAgain(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Trace = true
+	s := newSim(1, cfg)
+	defer s.kill()
+	settle := func() {
+		for range cfg.QuietSteps {
+			s.step++
+			if !s.act(false) {
+				break
+			}
+			s.checkEveryStep()
+		}
+	}
+	node := nodeName(0)
+	settle()
+	s.createPod("rwo-0", node)
+	settle()
+	const deletes = "delete volumeattachments"
+	s.w.refused[deletes] = true
+	s.w.remove(rPods, ns+"/"+podNamed(s, "rwo-0"))
+	for s.stats["test: API write refused"] == 0 {
+		s.step++
+		if !s.act(false) {
+			t.Fatalf("the detach of rwo-0 from %s was not tried", node)
+		}
+		s.checkEveryStep()
+	}
+	s.createPod("rwo-0", node)
+	settle()
+	delete(s.w.refused, deletes)
+	settle()
+	if s.w.node(node) == nil || !slices.Contains(attachedNames(s.w.node(node)), volumeNameOf(s, "rwo-0")) {
+		t.Errorf("%s status does not list rwo-0, wanted there again", node)
+	}
+	s.heal()
+	settle()
+	s.checkQuiet()
+	if len(s.violations) > 0 || t.Failed() || os.Getenv("SIM_DEBUG") != "" {
+		t.Log(strings.Join(s.trace, "\n"))
+		t.Errorf("violations: %q", s.violations)
+	}
+}
+
+// attachedNames lists what a node's status lists attached.
+func attachedNames(n *v1.Node) []string {
+	var out []string
+	for _, a := range n.Status.VolumesAttached {
+		out = append(out, string(a.Name))
+	}
+	return out
+}
+
+// volumeNameOf is the unique name of the volume of PV pv.
+func volumeNameOf(s *Sim, pv string) string { return s.volumeByPV(pv).names[0] }

@@ -74,10 +74,13 @@ type world struct {
 	pending map[string][]event
 	rv      int
 	uid     int
+	// refused are the writes ("delete volumeattachments") a directed test
+	// has the API refuse, before they land, until it lifts the refusal.
+	refused map[string]bool
 }
 
 func newWorld(s *Sim) *world {
-	w := &world{s: s, objects: map[string]map[string]object{}, pending: map[string][]event{}}
+	w := &world{s: s, objects: map[string]map[string]object{}, pending: map[string][]event{}, refused: map[string]bool{}}
 	for _, r := range resources {
 		w.objects[r] = map[string]object{}
 	}
@@ -208,6 +211,11 @@ func (w *world) react(action k8stesting.Action) (bool, runtime.Object, error) {
 	if killed {
 		s.tracef("  %s: no answer, the controller is gone", what)
 		return true, nil, fmt.Errorf("connection refused")
+	}
+	if w.refused[what] {
+		s.stats["test: API write refused"]++
+		s.tracef("  %s: refused by the test", what)
+		return true, nil, apierrors.NewForbidden(action.GetResource().GroupResource(), "", fmt.Errorf("refused by the test"))
 	}
 	if s.faults && s.chance(s.cfg.APIFailure) {
 		s.stats["fault: API write failed"]++
