@@ -27,6 +27,8 @@ const (
 	stepTimeout = 2 * time.Minute
 	// logTail is how much of each process's log a failed test shows.
 	logTail = 6 * 1024
+	// keepLogsEnv, set, keeps the logs of a test that passed too.
+	keepLogsEnv = "ADC_KEEP_LOGS"
 )
 
 // forEachController runs scenario with this controller, then with
@@ -41,6 +43,15 @@ func forEachController(t *testing.T, scenario func(t *testing.T, kind stack.Atta
 			}
 			scenario(t, kind)
 		})
+	}
+}
+
+// fullSet skips the test in the small set (-short, make test-cluster):
+// make test-cluster-full runs it.
+func fullSet(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("in the full set: make test-cluster-full")
 	}
 }
 
@@ -87,6 +98,8 @@ func (e *env) stop() {
 		for _, p := range e.c.Processes() {
 			e.t.Logf("--- last lines of %s (%s):\n%s", p.Name, p.LogPath, p.Tail(logTail))
 		}
+	}
+	if e.t.Failed() || os.Getenv(keepLogsEnv) != "" {
 		e.keepLogs()
 	}
 	if err := e.c.Stop(); err != nil {
