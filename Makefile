@@ -224,11 +224,13 @@ chaos-hollow: test-binaries
 	HOLLOW_CHAOS_DURATION=$(CHAOS_DURATION) $(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 0 -v -run '^TestChaos$$' ./test/hollow/ | \
 	  grep -E $(HOLLOW_OUTPUT) ; exit $${PIPESTATUS[0]}
 
-# On hollow nodes (real kubelets); kubeletsim is built because the stack
-# checks for it. Ctrl-C stops it and removes everything; DEMO_DURATION=60s stops it by itself
-# (exit code 1 if the story did not complete).
+# A whole cluster on hollow nodes (real kubelets): kube-scheduler,
+# kube-controller-manager, the CSI provisioner and attacher, this controller;
+# kubeletsim is built because the stack checks for it. Ctrl-C stops it and
+# removes everything; DEMO_DURATION=60s stops it by itself (exit code 1 if
+# the story did not complete).
 demo: build
-	hack/build-tools.sh $(E2E_TOOLS)
+	hack/build-tools.sh $(CLUSTER_TOOLS)
 	go build -o $(BIN_DIR)/kubeletsim ./test/kubeletsim
 	go build -o $(BIN_DIR)/demo ./hack/demo
 	$(BIN_DIR)/demo
