@@ -85,7 +85,7 @@ func startCluster(t *testing.T, kind stack.AttachDetach, o stack.ClusterOptions)
 	}
 	e := &env{t: t, ctx: t.Context(), kind: kind, c: c}
 	t.Cleanup(e.stop)
-	t.Logf("timing %s cluster started (%d nodes in %d zones): %.2fs", kind, len(c.Nodes), len(c.Zones), time.Since(started).Seconds())
+	t.Logf("timing %s cluster started (%d nodes, %d zones): %.2fs", kind, len(c.Nodes), len(c.Zones), time.Since(started).Seconds())
 	// Stopped with the test's context, before stop.
 	if e.watch, err = stack.WatchAttachments(t.Context(), c.Client); err != nil {
 		t.Fatal(err)

@@ -77,8 +77,9 @@ const StorageClassName = "mock-wffc"
 // configuration: three nodes in one zone, this controller attaching.
 type ClusterOptions struct {
 	// Options are the stack's: BinDir, the controller's binary, Drivers
-	// (default here: MockDriver alone), APIServerFlags (appended after the
-	// node lifecycle's), Logger. Topology is set.
+	// (default here: MockDriver alone; MockDriver must be among them),
+	// APIServerFlags (appended after the node lifecycle's), Logger.
+	// Topology is set.
 	Options
 	// Nodes is the number of hollow nodes. Default 3.
 	Nodes int
@@ -184,6 +185,8 @@ func (o ClusterOptions) withDefaults() (ClusterOptions, error) {
 		return o, fmt.Errorf("cluster: %d zones, want 1 to 26", o.Zones)
 	case o.AttachDetach != Ours && o.AttachDetach != KubeControllerManager:
 		return o, fmt.Errorf("cluster: unknown attach/detach controller %q", o.AttachDetach)
+	case !slices.Contains(o.Drivers, MockDriver):
+		return o, fmt.Errorf("cluster: drivers %v lack %s, the driver of StorageClass %s", o.Drivers, MockDriver, StorageClassName)
 	}
 	return o, nil
 }
