@@ -21,12 +21,12 @@ import (
 // (hack/build-tools.sh kube-scheduler kube-controller-manager
 // csi-provisioner).
 const (
-	KubeSchedulerBinary  = "kube-scheduler"
-	ProvisionerBinary    = "csi-provisioner"
-	controlPlaneHint     = "make test-cluster, or hack/build-tools.sh kube-scheduler kube-controller-manager csi-provisioner"
-	leaseNamespace       = "kube-system"
-	schedulerLease       = "kube-scheduler"
-	controllerManagerSel = "kube-controller-manager"
+	KubeSchedulerBinary    = "kube-scheduler"
+	ProvisionerBinary      = "csi-provisioner"
+	controlPlaneHint       = "make test-cluster, or hack/build-tools.sh kube-scheduler kube-controller-manager csi-provisioner"
+	leaseNamespace         = "kube-system"
+	schedulerLease         = "kube-scheduler"
+	controllerManagerLease = "kube-controller-manager"
 )
 
 // NodeLifecycle are the timings of the node lifecycle: when a node that
@@ -157,7 +157,7 @@ func (s *Stack) StartControllerManager(ctx context.Context, o ControllerManagerO
 			return false, nil
 		}
 		if o.LeaderElection {
-			return s.leaseHeldBy(ctx, controllerManagerSel, "")
+			return s.leaseHeld(ctx, controllerManagerLease)
 		}
 		// Every controller starts at once, once the informers run; the
 		// service account controller's first act, the default account of
@@ -217,7 +217,7 @@ func (s *Stack) StartScheduler(ctx context.Context, o SchedulerOptions) (*Proces
 			return false, nil
 		}
 		if o.LeaderElection {
-			return s.leaseHeldBy(ctx, schedulerLease, "")
+			return s.leaseHeld(ctx, schedulerLease)
 		}
 		return true, nil
 	})
@@ -264,9 +264,8 @@ func (s *Stack) StartProvisioner(ctx context.Context, driver string) (*Process, 
 	return p, nil
 }
 
-// leaseHeldBy says whether the Lease kube-system/name has a holder whose
-// identity starts with prefix.
-func (s *Stack) leaseHeldBy(ctx context.Context, name, prefix string) (bool, error) {
+// leaseHeld says whether the Lease kube-system/name has a holder.
+func (s *Stack) leaseHeld(ctx context.Context, name string) (bool, error) {
 	l, err := s.Cluster.Client.CoordinationV1().Leases(leaseNamespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return false, nil
@@ -274,6 +273,5 @@ func (s *Stack) leaseHeldBy(ctx context.Context, name, prefix string) (bool, err
 	if err != nil {
 		return false, fmt.Errorf("get Lease %s/%s: %w", leaseNamespace, name, err)
 	}
-	h := l.Spec.HolderIdentity
-	return h != nil && *h != "" && strings.HasPrefix(*h, prefix), nil
+	return l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "", nil
 }
