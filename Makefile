@@ -3,9 +3,12 @@
 #   make demo         run the controller's job on an embedded local cluster
 #   make test         unit tests, every Go benchmark once, simulation,
 #                     integration tests against a real kube-apiserver,
-#                     end-to-end, the small set on real kubelets (hollow
-#                     nodes) and a short chaos run
+#                     end-to-end, the small sets on real kubelets (hollow
+#                     nodes) and in a whole cluster, and a short chaos run
 #   make test-hollow-full  every scenario on real kubelets, with this
+#                     controller and with kube-controller-manager's
+#   make test-cluster-full  StatefulSets in a whole cluster (scheduler,
+#                     kube-controller-manager, provisioner, zones), with this
 #                     controller and with kube-controller-manager's
 #   make verify       gofmt, go vet, staticcheck, module and version pins,
 #                     the Dockerfile, the manifests and the Helm chart
@@ -50,12 +53,15 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The stack `make demo` and `make test-e2e` run (test/e2e/stack); hollow-node
 # is the real kubelet the demo and test/hollow run.
 E2E_TOOLS := etcd kube-apiserver csi-attacher csi-mock-driver hollow-node
+# A whole cluster (test/cluster, make demo): the e2e stack, kube-scheduler,
+# kube-controller-manager and the CSI external-provisioner.
+CLUSTER_TOOLS := $(E2E_TOOLS) kube-controller-manager kube-scheduler csi-provisioner
 # Every tool `make test` runs, built by one `go build` (hack/build-tools.sh):
 # the integration tests' kube-controller-manager and kustomize (which renders
-# manifests/, as `kubectl kustomize` would), and the e2e stack.
-TOOLS := $(E2E_TOOLS) kube-controller-manager kustomize
+# manifests/, as `kubectl kustomize` would), and the cluster's.
+TOOLS := $(CLUSTER_TOOLS) kustomize
 
-.PHONY: all build kubectl-adc kubectl-adc-release tools go-tools helm promtool test-binaries test test-unit test-bench test-sim sim-sweep test-integration test-e2e test-hollow test-hollow-full test-chaos test-skew test-guard-soak chaos chaos-hollow demo bench bench-hollow verify image clean
+.PHONY: all build kubectl-adc kubectl-adc-release tools go-tools helm promtool test-binaries test test-unit test-bench test-sim sim-sweep test-integration test-e2e test-hollow test-hollow-full test-cluster test-cluster-full test-chaos test-skew test-guard-soak chaos chaos-hollow demo bench bench-hollow verify image clean
 
 all: build
 
@@ -91,7 +97,7 @@ promtool:
 # simulation, which compute (each target's output is printed whole when it
 # ends).
 test:
-	$(MAKE) --no-print-directory --output-sync=target -j 5 test-unit test-bench test-sim test-integration test-e2e test-hollow test-chaos
+	$(MAKE) --no-print-directory --output-sync=target -j 5 test-unit test-bench test-sim test-integration test-e2e test-hollow test-cluster test-chaos
 
 # The race detector builds every dependency again (cgo, instrumented): it runs
 # the packages that have tests. The others (pkg/server, the command's main
@@ -142,7 +148,7 @@ TEST_BINARIES := ADC_CONTROLLER_BINARY=$(abspath $(BIN_DIR))/attach-detach-contr
 test-binaries: build
 	go build -o $(BIN_DIR)/kubeletsim ./test/kubeletsim
 
-INTEGRATION_PACKAGES = $(shell go list ./test/... | grep -v -e /test/e2e -e /test/sim -e /test/chaos -e /test/hollow)
+INTEGRATION_PACKAGES = $(shell go list ./test/... | grep -v -e /test/e2e -e /test/sim -e /test/chaos -e /test/hollow -e /test/cluster)
 
 test-integration: tools test-binaries
 	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 20m $(INTEGRATION_PACKAGES)
@@ -179,6 +185,24 @@ test-hollow-full: test-binaries
 	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 40m -v ./test/hollow/ | \
 	  grep -E $(HOLLOW_OUTPUT) ; exit $${PIPESTATUS[0]}
 
+# The controller in a cluster as users run it (test/cluster): kube-scheduler,
+# kube-controller-manager with every controller but its attachdetach, the CSI
+# external-provisioner and external-attacher of a zonal driver with a
+# WaitForFirstConsumer StorageClass, hollow nodes in zones. StatefulSets
+# created, scaled, restarted and drained; no volume ever on two nodes. The
+# small set (-short: this controller) in make test; every scenario with this
+# controller and with kube-controller-manager's attachdetach in
+# test-cluster-full. Each step's time is logged ("timing" lines).
+test-cluster: test-binaries
+	hack/build-tools.sh $(CLUSTER_TOOLS)
+	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -short -timeout 10m -v ./test/cluster/ | \
+	  grep -E $(HOLLOW_OUTPUT) ; exit $${PIPESTATUS[0]}
+
+test-cluster-full: test-binaries
+	hack/build-tools.sh $(CLUSTER_TOOLS)
+	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 40m -v ./test/cluster/ | \
+	  grep -E $(HOLLOW_OUTPUT) ; exit $${PIPESTATUS[0]}
+
 # The integration and end-to-end tests against each supported kube-apiserver
 # release (hack/skew/vMAJOR.MINOR, built from the module proxy into
 # _output/skew by hack/skew/build.sh; hack/skew/update.sh moves one to
@@ -213,11 +237,13 @@ chaos-hollow: test-binaries
 	HOLLOW_CHAOS_DURATION=$(CHAOS_DURATION) $(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 0 -v -run '^TestChaos$$' ./test/hollow/ | \
 	  grep -E $(HOLLOW_OUTPUT) ; exit $${PIPESTATUS[0]}
 
-# On hollow nodes (real kubelets); kubeletsim is built because the stack
-# checks for it. Ctrl-C stops it and removes everything; DEMO_DURATION=60s stops it by itself
-# (exit code 1 if the story did not complete).
+# A whole cluster on hollow nodes (real kubelets): kube-scheduler,
+# kube-controller-manager, the CSI provisioner and attacher, this controller;
+# kubeletsim is built because the stack checks for it. Ctrl-C stops it and
+# removes everything; DEMO_DURATION=60s stops it by itself (exit code 1 if
+# the story did not complete).
 demo: build
-	hack/build-tools.sh $(E2E_TOOLS)
+	hack/build-tools.sh $(CLUSTER_TOOLS)
 	go build -o $(BIN_DIR)/kubeletsim ./test/kubeletsim
 	go build -o $(BIN_DIR)/demo ./hack/demo
 	$(BIN_DIR)/demo

@@ -3,7 +3,8 @@
 # separate Go module in hack/tools, into _output/bin/NAME.
 #
 # Usage: hack/build-tools.sh NAME...
-#   NAME is one of: etcd kube-apiserver kube-controller-manager kustomize csi-attacher csi-mock-driver hollow-node
+#   NAME is one of: etcd kube-apiserver kube-controller-manager kube-scheduler
+#   kustomize csi-attacher csi-provisioner csi-mock-driver hollow-node
 #
 # A tool is rebuilt only when its binary is missing or its stamp is stale. The
 # stamp (_output/bin/.NAME.stamp) is the sha256 of hack/tools/go.mod, go.sum and
@@ -27,18 +28,20 @@ cd "${repo_root}"
 
 tools_dir="hack/tools"
 bin_dir="${repo_root}/_output/bin"
-all_tools="etcd kube-apiserver kube-controller-manager kustomize csi-attacher csi-mock-driver hollow-node"
+all_tools="etcd kube-apiserver kube-controller-manager kube-scheduler kustomize csi-attacher csi-provisioner csi-mock-driver hollow-node"
 
-# etcd is built in hack/tools too: the server module at v3.7.1, the release of
+# etcd is built in hack/tools too: the server module at v3.7.2, the release of
 # go.etcd.io/etcd/{api,client}/v3 the controller builds (shared modules stay on
-# one version), so `etcd --version` prints 3.7.1.
+# one version), so `etcd --version` prints 3.7.2.
 package_for() {
   case "$1" in
     etcd) echo "go.etcd.io/etcd/server/v3" ;;
     kube-apiserver) echo "k8s.io/kubernetes/cmd/kube-apiserver" ;;
     kube-controller-manager) echo "k8s.io/kubernetes/cmd/kube-controller-manager" ;;
+    kube-scheduler) echo "k8s.io/kubernetes/cmd/kube-scheduler" ;;
     kustomize) echo "./kustomize" ;;
     csi-attacher) echo "github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher" ;;
+    csi-provisioner) echo "github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner" ;;
     csi-mock-driver) echo "./csi-mock-driver" ;;
     hollow-node) echo "./hollow-node" ;;
     *) return 1 ;;

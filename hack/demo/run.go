@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,61 +19,69 @@ import (
 // changes and printed again.
 const refreshPeriod = 2 * time.Second
 
-// run starts the stack, tells the story, then watches until ctx ends or
+// run starts the cluster, tells the story, then watches until ctx ends or
 // opts.duration has passed since the start. It stops everything it started
 // before it returns.
 func run(ctx context.Context, opts options, p *printer) (err error) {
-	p.step("Starting a local cluster on 127.0.0.1")
-	st, err := stack.Start(ctx, stack.Options{BinDir: opts.binDir})
+	p.step("Starting a local cluster on 127.0.0.1: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, this controller, CSI drivers and %d hollow nodes in %d zones", opts.nodes, opts.zones)
+	c, err := stack.StartCluster(ctx, stack.ClusterOptions{
+		Options:    stack.Options{BinDir: opts.binDir, Drivers: []string{stack.MockDriver, stack.EBSDriver}},
+		Nodes:      opts.nodes,
+		Zones:      opts.zones,
+		NodePrefix: nodePrefix,
+	})
 	if err != nil {
 		return err
 	}
-	dir := st.Cluster.Dir
+	dir := c.Cluster.Dir
 	defer func() {
 		p.step("Stopping every process and removing %s", dir)
-		if stopErr := st.Stop(); stopErr != nil {
+		if stopErr := c.Stop(); stopErr != nil {
 			err = errors.Join(err, stopErr)
 			return
 		}
 		p.line("done")
 	}()
-	client := st.Cluster.Client
+	client := c.Client
+	ctrl := c.Controller
+	// The token that reads the secure port, for the curl printed below.
+	tokenFile := filepath.Join(dir, "admin-token")
+	if err := os.WriteFile(tokenFile, []byte(ctrl.Token), 0o600); err != nil {
+		return err
+	}
+	var nodes, placed []string
+	for _, n := range c.Nodes {
+		nodes = append(nodes, n.Name)
+		placed = append(placed, n.Name+" ("+n.Zone+")")
+	}
+	p.line("etcd, kube-apiserver       %s", c.Cluster.Config.Host)
+	p.line("kube-scheduler             default profile (VolumeBinding waits for WaitForFirstConsumer claims)")
+	p.line("kube-controller-manager    --controllers=*,-attachdetach: PV binder, StatefulSet, node lifecycle, pod GC, ...")
+	p.line("attach-detach-controller   %s (/metrics, /explain; HTTPS, the cluster admin's token)", ctrl.URL)
+	p.line("per CSI driver             csi-mock-driver (zonal), csi-attacher, csi-provisioner: %s", strings.Join(c.Drivers, ", "))
+	p.line("StorageClass %-13s %s, WaitForFirstConsumer, the default class", c.StorageClass, stack.MockDriver)
+	p.line("kubelet (hollow node)      %s (each registered both drivers in its CSINode, with its zone; kubelet lists %s among its migrated plugins)", strings.Join(placed, ", "), awsEBSPlugin)
+	p.line("logs, kubeconfig           %s", dir)
+
 	if err := applyClaims(ctx, client); err != nil {
 		return err
 	}
-	var nodes []string
-	for i := range opts.nodes {
-		nodes = append(nodes, nodeName(i))
-	}
-	p.step("Starting %d hollow nodes (real kubelets registering their nodes and CSI drivers), then the controller", opts.nodes)
-	if err := startNodes(ctx, st, nodes); err != nil {
-		return err
-	}
-	c, err := st.StartController(ctx)
-	if err != nil {
-		return err
-	}
-	// The token that reads the secure port, for the curl printed below.
-	tokenFile := filepath.Join(dir, "admin-token")
-	if err := os.WriteFile(tokenFile, []byte(c.Token), 0o600); err != nil {
-		return err
-	}
-	p.line("etcd, kube-apiserver       %s", st.Cluster.Config.Host)
-	p.line("csi-mock-driver, csi-attacher (external-attacher), one pair per driver: %s", strings.Join(st.Drivers, ", "))
-	p.line("kubelet (hollow node)      nodes %s (each registered both drivers in its CSINode; kubelet lists %s among its migrated plugins)", strings.Join(nodes, ", "), awsEBSPlugin)
-	p.line("attach-detach-controller   %s (/metrics, /explain; HTTPS, the cluster admin's token)", c.URL)
-	p.line("logs, kubeconfig           %s", dir)
-
 	w, err := startWatcher(client, p, namespace, nodes)
 	if err != nil {
 		return err
 	}
 	defer w.stop()
 
-	if err := story(ctx, opts, p, client, c, nodes); err != nil {
+	if err := statefulSetStory(ctx, opts, p, c, nodes); err != nil {
 		return err
 	}
-	return idle(ctx, opts, p, st, c, nodes)
+	if err := pause(ctx, p, opts.pause, "pods with claims bound to existing volumes"); err != nil {
+		return err
+	}
+	if err := story(ctx, opts, p, client, ctrl, nodes); err != nil {
+		return err
+	}
+	return idle(ctx, opts, p, c.Stack, ctrl, nodes)
 }
 
 // story plays the demo's workload and checks each state it leads to.
@@ -168,6 +175,7 @@ func idle(ctx context.Context, opts options, p *printer, st *stack.Stack, c *sta
 	} else {
 		p.step("Story done. Everything keeps running: press Ctrl-C to stop it and remove everything")
 		p.line("try: KUBECONFIG=%s kubectl -n %s delete pod web-1", st.Cluster.Kubeconfig, namespace)
+		p.line("     KUBECONFIG=%s kubectl drain --ignore-daemonsets %s", st.Cluster.Kubeconfig, nodes[1])
 		p.line("     curl --cacert %s -H \"Authorization: Bearer $(cat %s)\" '%s/explain?pod=%s/web-0'",
 			c.CertFile, filepath.Join(st.Cluster.Dir, "admin-token"), c.URL, namespace)
 	}
@@ -219,21 +227,4 @@ func fingerprint(ctx context.Context, client kubernetes.Interface, nodes []strin
 		fmt.Fprintf(&b, "%s %v %v;", name, attachedNames(node), inUseNames(node))
 	}
 	return b.String(), nil
-}
-
-// startNodes starts a hollow node per name, side by side, node i in zone
-// "a", "b" or "c" by i mod 3.
-func startNodes(ctx context.Context, st *stack.Stack, nodes []string) error {
-	errs := make([]error, len(nodes))
-	var wg sync.WaitGroup
-	for i, name := range nodes {
-		wg.Go(func() {
-			_, errs[i] = st.StartHollowNode(ctx, stack.HollowNodeOptions{
-				Name:   name,
-				Labels: map[string]string{"topology.kubernetes.io/zone": string(rune('a' + i%3))},
-			})
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
 }

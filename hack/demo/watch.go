@@ -7,6 +7,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -16,8 +17,9 @@ import (
 // watcher logs every change the demo's components make, as it happens:
 // VolumeAttachments (the controller creates and deletes them, csi-attacher
 // attaches and detaches), node status (the controller writes
-// volumesAttached, kubelet volumesInUse), pods, and the controller's
-// events on pods.
+// volumesAttached, kubelet volumesInUse), cordons, claims and the
+// PersistentVolumes csi-provisioner creates, pods, and the events of the
+// scheduler and the controller on pods.
 type watcher struct {
 	p         *printer
 	nodes     sets.Set[string]
@@ -44,6 +46,10 @@ func startWatcher(client kubernetes.Interface, p *printer, ns string, nodes []st
 			AddFunc: w.podAdded, UpdateFunc: w.podUpdated, DeleteFunc: w.podDeleted,
 		}},
 		{namespaced.Core().V1().Events().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: w.eventAdded}},
+		{namespaced.Core().V1().PersistentVolumeClaims().Informer(), cache.ResourceEventHandlerFuncs{
+			AddFunc: w.claimAdded, UpdateFunc: w.claimUpdated,
+		}},
+		{cluster.Core().V1().PersistentVolumes().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: w.pvAdded}},
 	}
 	for _, h := range handlers {
 		if _, err := h.informer.AddEventHandler(h.handler); err != nil {
@@ -71,6 +77,12 @@ func (w *watcher) stop() {
 		f.Shutdown()
 	}
 }
+
+// Annotations of the PV controller and csi-provisioner.
+const (
+	selectedNodeAnnotation  = "volume.kubernetes.io/selected-node"
+	provisionedByAnnotation = "pv.kubernetes.io/provisioned-by"
+)
 
 func unwrap(obj any) any {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
@@ -134,6 +146,12 @@ func (w *watcher) nodeUpdated(oldObj, newObj any) {
 	if !ok1 || !ok2 || !w.nodes.Has(node.Name) {
 		return
 	}
+	if !old.Spec.Unschedulable && node.Spec.Unschedulable {
+		w.p.event(yellow, "cordon", "%s cordoned: no new pod is scheduled there", node.Name)
+	}
+	if old.Spec.Unschedulable && !node.Spec.Unschedulable {
+		w.p.event(yellow, "uncordon", "%s schedulable again", node.Name)
+	}
 	added, removed := diff(attachedNames(old), attachedNames(node))
 	for _, n := range added {
 		w.p.event(cyan, "node status", "controller added %s to %s status.volumesAttached", n, node.Name)
@@ -185,9 +203,54 @@ func claimsOf(pod *v1.Pod) []string {
 }
 
 func (w *watcher) podAdded(obj any) {
-	if pod, ok := obj.(*v1.Pod); ok {
-		w.p.event("", "pod", "%s/%s created on %s, claims %s", pod.Namespace, pod.Name, pod.Spec.NodeName, strings.Join(claimsOf(pod), ", "))
+	pod, ok := obj.(*v1.Pod)
+	if !ok {
+		return
 	}
+	if pod.Spec.NodeName == "" {
+		by := "a user"
+		if o := metav1.GetControllerOf(pod); o != nil {
+			by = o.Kind + " " + o.Name
+		}
+		w.p.event("", "pod", "%s/%s created by %s, claims %s: the scheduler picks its node", pod.Namespace, pod.Name, by, strings.Join(claimsOf(pod), ", "))
+		return
+	}
+	w.p.event("", "pod", "%s/%s created on %s, claims %s", pod.Namespace, pod.Name, pod.Spec.NodeName, strings.Join(claimsOf(pod), ", "))
+}
+
+func (w *watcher) claimAdded(obj any) {
+	pvc, ok := obj.(*v1.PersistentVolumeClaim)
+	if !ok || pvc.Spec.VolumeName != "" {
+		return
+	}
+	class := ""
+	if pvc.Spec.StorageClassName != nil {
+		class = *pvc.Spec.StorageClassName
+	}
+	w.p.event("", "claim", "%s/%s created (StorageClass %s): its volume waits for its pod's node", pvc.Namespace, pvc.Name, class)
+}
+
+func (w *watcher) claimUpdated(oldObj, newObj any) {
+	old, ok1 := oldObj.(*v1.PersistentVolumeClaim)
+	pvc, ok2 := newObj.(*v1.PersistentVolumeClaim)
+	if !ok1 || !ok2 {
+		return
+	}
+	if old.Annotations[selectedNodeAnnotation] == "" && pvc.Annotations[selectedNodeAnnotation] != "" {
+		w.p.event("", "claim", "scheduler selected node %s for %s/%s: csi-provisioner creates its volume in that node's zone", pvc.Annotations[selectedNodeAnnotation], pvc.Namespace, pvc.Name)
+	}
+	// A claim pre-bound to an existing PV has its volumeName from the start.
+	if old.Spec.VolumeName == "" && pvc.Spec.VolumeName != "" {
+		w.p.event(green, "bound", "%s/%s bound to %s (PV controller)", pvc.Namespace, pvc.Name, pvc.Spec.VolumeName)
+	}
+}
+
+func (w *watcher) pvAdded(obj any) {
+	pv, ok := obj.(*v1.PersistentVolume)
+	if !ok || pv.Annotations[provisionedByAnnotation] == "" || pv.Spec.ClaimRef == nil {
+		return
+	}
+	w.p.event(green, "provisioned", "%s created %s for %s/%s, in %s", pv.Annotations[provisionedByAnnotation], pv.Name, pv.Spec.ClaimRef.Namespace, pv.Spec.ClaimRef.Name, pvZone(pv))
 }
 
 func (w *watcher) podUpdated(oldObj, newObj any) {

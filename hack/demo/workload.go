@@ -84,16 +84,13 @@ func claimNamed(name string) claim {
 	return claims[i]
 }
 
-// applyClaims creates the namespace, the CSIDrivers and the claims with
-// their PVs, bound as the PV controller would leave them.
+// applyClaims creates the namespace and the story's claims with their
+// PVs, pre-bound, as an administrator creates claims for existing disks
+// (the PV controller finds them bound). StartCluster created the
+// CSIDrivers.
 func applyClaims(ctx context.Context, client kubernetes.Interface) error {
 	if _, err := framework.CreateNamespace(ctx, client, namespace); err != nil {
 		return err
-	}
-	for _, d := range []string{stack.MockDriver, stack.EBSDriver} {
-		if _, err := framework.CreateCSIDriver(ctx, client, d, new(true)); err != nil {
-			return err
-		}
 	}
 	for _, c := range claims {
 		if _, _, err := framework.CreateBoundPVC(ctx, client, namespace, c.name, c.source(), c.modes...); err != nil {
@@ -254,4 +251,24 @@ func waitForRunning(ctx context.Context, client kubernetes.Interface, pods ...po
 		}
 	}
 	return nil
+}
+
+// waitUntil polls cond until it holds, for at most stateTimeout; what says
+// what was waited for when it does not.
+func waitUntil(ctx context.Context, cond func() (bool, error), what func() string) error {
+	deadline := time.Now().Add(stateTimeout)
+	for {
+		ok, err := cond()
+		if err != nil || ok {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not reached after %s: %s", stateTimeout, what())
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }

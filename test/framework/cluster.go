@@ -65,6 +65,10 @@ type Cluster struct {
 	Dir string
 	// EtcdURL is the etcd client URL.
 	EtcdURL string
+	// ServiceAccountKeyFile is the RSA key (PEM) kube-apiserver signs and
+	// verifies service account tokens with: kube-controller-manager's
+	// --service-account-private-key-file.
+	ServiceAccountKeyFile string
 	// ServerVersion is the release kube-apiserver reports (/version).
 	ServerVersion string
 
@@ -127,6 +131,7 @@ func (c *Cluster) start(ctx context.Context, timeout time.Duration, etcdBin, api
 	if err != nil {
 		return err
 	}
+	c.ServiceAccountKeyFile = creds.serviceAcctKey
 
 	c.etcd, c.EtcdURL, err = startEtcd(ctx, etcdBin, c.Dir, opts.EtcdFlags)
 	if err != nil {

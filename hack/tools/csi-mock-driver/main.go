@@ -28,6 +28,19 @@
 // The mock reports every volume it holds as published on its one node in
 // ListVolumes; the attacher's periodic reconcile therefore never un-attaches.
 //
+// Provisioning, for the CSI external-provisioner: the mock advertises
+// CREATE_DELETE_VOLUME. With --any-handle a created volume's ID is the name
+// the provisioner asked for (pvc-<uid>), the handle every other call then
+// uses; DeleteVolume of an unknown handle succeeds (it is idempotent).
+// Topology (--topology, --zone): the plugin advertises
+// VOLUME_ACCESSIBILITY_CONSTRAINTS under one key, --topology-key
+// (topology.kubernetes.io/zone by default). In node mode NodeGetInfo reports
+// {key: --zone}; CreateVolume places the volume in the zone the request
+// prefers first, else the first it requires, and returns that as the
+// volume's accessible topology, which the provisioner turns into the PV's
+// node affinity. A request without requirements makes a volume reachable
+// from everywhere.
+//
 // Node mode, for a real kubelet (hack/tools/hollow-node): --node-id sets the
 // node ID NodeGetInfo reports (kubelet writes it to the node's CSINode and the
 // attacher passes it to ControllerPublish), and --kubelet-registration-dir,
@@ -74,6 +87,9 @@ type options struct {
 	anyNodeID       bool
 	nodeID          string
 	registrationDir string
+	topology        bool
+	topologyKey     string
+	zone            string
 	stopTimeout     time.Duration
 }
 
@@ -87,6 +103,9 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.anyNodeID, "any-node-id", false, "Accept ControllerPublish/Unpublish for any node ID (one controller endpoint for many nodes' drivers).")
 	fs.StringVar(&o.nodeID, "node-id", "", "Node ID that NodeGetInfo reports. Default: --driver-name.")
 	fs.StringVar(&o.registrationDir, "kubelet-registration-dir", "", "Kubelet's plugins_registry directory: register the driver with that kubelet through <dir>/<driver-name>-reg.sock.")
+	fs.BoolVar(&o.topology, "topology", false, "Advertise VOLUME_ACCESSIBILITY_CONSTRAINTS: CreateVolume places a volume in the zone the request prefers (else the first it requires) and reports it as the volume's accessible topology {--topology-key: zone}. Implied by --zone.")
+	fs.StringVar(&o.topologyKey, "topology-key", defaultTopologyKey, "The topology segment key of --topology and --zone.")
+	fs.StringVar(&o.zone, "zone", "", "Node mode: the zone NodeGetInfo reports as the node's accessible topology {--topology-key: zone}; kubelet writes it to the node's labels and the key to its CSINode.")
 	fs.DurationVar(&o.stopTimeout, "stop-timeout", 5*time.Second, "How long in-flight calls may finish at shutdown before they are cut.")
 }
 
@@ -100,8 +119,14 @@ func (o *options) validate() error {
 	if o.preprovision < 0 {
 		return fmt.Errorf("--preprovision must be >= 0, got %d", o.preprovision)
 	}
+	if (o.topology || o.zone != "") && o.topologyKey == "" {
+		return errors.New("--topology-key must not be empty with --topology or --zone")
+	}
 	return nil
 }
+
+// topologyOn says whether the driver reports topology.
+func (o *options) topologyOn() bool { return o.topology || o.zone != "" }
 
 // volumeNames lists the volumes to create at start, in creation order.
 func (o *options) volumeNames() []string {
@@ -175,6 +200,9 @@ func run(ctx context.Context, opts options, out io.Writer) error {
 		DisableAttach: !opts.attachRequired,
 	})
 	ctrl := &driver{Service: mock, anyHandle: opts.anyHandle, anyNodeID: opts.anyNodeID, name: opts.driverName, nodeID: opts.nodeID}
+	if opts.topologyOn() {
+		ctrl.topologyKey, ctrl.zone = opts.topologyKey, opts.zone
+	}
 
 	// Volumes exist before the socket does: a client that sees the socket
 	// can use every printed handle.
@@ -201,13 +229,13 @@ func run(ctx context.Context, opts options, out io.Writer) error {
 	}()
 
 	srv := grpc.NewServer(grpc.UnaryInterceptor(logCalls(logger)))
-	csi.RegisterIdentityServer(srv, mock)
+	csi.RegisterIdentityServer(srv, ctrl)
 	csi.RegisterControllerServer(srv, ctrl)
 	csi.RegisterNodeServer(srv, ctrl)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
-	logger.Info("Serving mock CSI driver", "endpoint", path, "attachRequired", opts.attachRequired, "anyHandle", opts.anyHandle, "anyNodeID", opts.anyNodeID, "nodeID", ctrl.nodeIDOrName())
+	logger.Info("Serving mock CSI driver", "endpoint", path, "attachRequired", opts.attachRequired, "anyHandle", opts.anyHandle, "anyNodeID", opts.anyNodeID, "nodeID", ctrl.nodeIDOrName(), "topologyKey", ctrl.topologyKey, "zone", ctrl.zone)
 
 	// Kubelet dials the CSI socket once it has the registration socket:
 	// the CSI socket comes first.
@@ -305,6 +333,10 @@ type driver struct {
 	name      string
 	// nodeID is what NodeGetInfo reports; empty: the mock's own (name).
 	nodeID string
+	// topologyKey, when set, turns topology on (provision.go); zone is
+	// the node's, in node mode.
+	topologyKey string
+	zone        string
 
 	mu sync.Mutex
 	// published holds, per volume ID, the node IDs it is published to
@@ -315,6 +347,7 @@ type driver struct {
 var (
 	_ csi.ControllerServer = (*driver)(nil)
 	_ csi.NodeServer       = (*driver)(nil)
+	_ csi.IdentityServer   = (*driver)(nil)
 )
 
 // volumeID maps a handle to the mock's volume ID. Called with mu held.
@@ -323,16 +356,6 @@ func (c *driver) volumeID(ctx context.Context, handle string) (string, error) {
 		return handle, nil
 	}
 	return createVolume(ctx, c.Service, handle)
-}
-
-func (c *driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	resp, err := c.Service.CreateVolume(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	return proto.CloneOf(resp), nil
 }
 
 func (c *driver) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {

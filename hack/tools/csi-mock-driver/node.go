@@ -8,9 +8,11 @@ import (
 )
 
 // The node service, as a real kubelet calls it: NodeGetInfo gives the node
-// ID kubelet writes to its CSINode, and with anyHandle the stage and publish
-// calls accept any handle, as ControllerPublish does. Calls are serialized
-// with the controller's for the reason given on driver.
+// ID kubelet writes to its CSINode and, with a zone, the node's topology
+// (kubelet labels the node with it and lists its key in the CSINode); with
+// anyHandle the stage and publish calls accept any handle, as
+// ControllerPublish does. Calls are serialized with the controller's for the
+// reason given on driver.
 
 // withVolumeID answers req as the mock answers a copy of it that names
 // the volume by the ID the mock holds for req's (volumeID), under the lock.
@@ -46,6 +48,9 @@ func (c *driver) NodeGetInfo(ctx context.Context, req *csi.NodeGetInfoRequest) (
 	}
 	resp = proto.CloneOf(resp)
 	resp.NodeId = c.nodeIDOrName()
+	if c.topologyKey != "" && c.zone != "" {
+		resp.AccessibleTopology = &csi.Topology{Segments: map[string]string{c.topologyKey: c.zone}}
+	}
 	return resp, nil
 }
 

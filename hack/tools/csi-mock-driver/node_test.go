@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -102,5 +103,35 @@ func TestAnyNodeID(t *testing.T) {
 	}
 	if got := published(); !slices.Equal(got, []string{"b-id"}) {
 		t.Errorf("after unpublish from a-id: published on %v, want [b-id]", got)
+	}
+}
+
+// TestNodeZone: a node-mode driver with --zone reports the node's zone, the
+// segment kubelet writes to the node's labels and the key to its CSINode;
+// without --zone it reports none.
+func TestNodeZone(t *testing.T) {
+	const driver = "mock.csi.example.com"
+	for _, tc := range []struct {
+		zone string
+		want map[string]string
+	}{
+		{"zone-b", map[string]string{defaultTopologyKey: "zone-b"}},
+		{"", nil},
+	} {
+		t.Run("zone="+tc.zone, func(t *testing.T) {
+			conn, _, stop := start(t, options{driverName: driver, attachRequired: true, anyHandle: true, nodeID: "n-id", zone: tc.zone, topologyKey: defaultTopologyKey})
+			defer stop()
+			ctx := context.Background()
+			ni, err := csi.NewNodeClient(conn).NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := ni.GetAccessibleTopology().GetSegments(); !maps.Equal(got, tc.want) || ni.GetNodeId() != "n-id" {
+				t.Errorf("NodeGetInfo = %v, want node ID n-id, topology %v", ni, tc.want)
+			}
+			if got := pluginHasTopology(t, ctx, conn); got != (tc.zone != "") {
+				t.Errorf("VOLUME_ACCESSIBILITY_CONSTRAINTS advertised: %t, want %t", got, tc.zone != "")
+			}
+		})
 	}
 }

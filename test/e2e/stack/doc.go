@@ -12,7 +12,17 @@
 // nodeID = driver name in its CSINode; and it runs with --any-handle, so any
 // volume handle can be attached.
 //
-// The demo (hack/demo) and the end-to-end tests (test/e2e) share it. Every
+// Hollow nodes (StartHollowNode, StartHollowNodes) run the real kubelet
+// instead, each with a mock driver of its own. StartCluster (cluster.go)
+// adds the rest of a cluster as users run one: kube-scheduler,
+// kube-controller-manager with every controller, the CSI
+// external-provisioner per driver, zonal drivers, a WaitForFirstConsumer
+// StorageClass and hollow nodes in zones; workloads.go and drain.go drive
+// StatefulSets and drains as kubectl does, and WatchAttachments judges every
+// attachment.
+//
+// The demo (hack/demo), the end-to-end tests (test/e2e), the tests on hollow
+// nodes (test/hollow) and in a whole cluster (test/cluster) share it. Every
 // process runs in its own process group with a parent-death signal and logs
 // into the cluster's temp directory; Stop ends them and removes the directory.
 package stack

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,7 +25,9 @@ const HollowNodeBinary = "hollow-node"
 type HollowNodeOptions struct {
 	// Name is the node's name.
 	Name string
-	// Labels are the node's labels (e.g. its zone).
+	// Labels are the node's labels (e.g. its zone). On a stack with
+	// Options.Topology, the node's drivers report its
+	// topology.kubernetes.io/zone label as their topology.
 	Labels map[string]string
 	// Drivers are the CSI drivers registered with its kubelet, each served
 	// by a csi-mock-driver of the node's own. Default: the stack's.
@@ -43,7 +46,9 @@ type HollowNodeOptions struct {
 // kubelet's own. The driver reports node ID NodeID(driver) = "<driver>.<node>":
 // not the node's name, as real drivers do.
 type HollowNode struct {
-	Name    string
+	Name string
+	// Zone is its topology.kubernetes.io/zone label, "" without one.
+	Zone    string
 	RootDir string
 	Drivers []string
 
@@ -77,18 +82,23 @@ func (s *Stack) StartHollowNode(ctx context.Context, o HollowNodeOptions) (*Holl
 	if err != nil {
 		return nil, err
 	}
-	n := &HollowNode{Name: o.Name, RootDir: root, Drivers: drivers, stack: s}
+	n := &HollowNode{Name: o.Name, Zone: o.Labels[v1.LabelTopologyZone], RootDir: root, Drivers: drivers, stack: s}
 	registry := filepath.Join(root, "plugins_registry")
 	for _, d := range drivers {
 		socket := filepath.Join(root, "plugins", d, "csi.sock")
 		if err := os.MkdirAll(filepath.Dir(socket), 0o750); err != nil {
 			return nil, err
 		}
-		p, err := s.start("csi-mock-driver-"+o.Name+"-"+d, mockBin,
-			"--endpoint="+socket, "--driver-name="+d, "--node-id="+n.NodeID(d),
-			"--kubelet-registration-dir="+registry, "--any-handle",
+		args := []string{
+			"--endpoint=" + socket, "--driver-name=" + d, "--node-id=" + n.NodeID(d),
+			"--kubelet-registration-dir=" + registry, "--any-handle",
 			fmt.Sprintf("--attach-required=%t", !slices.Contains(o.NoAttachDrivers, d)),
-			"-v=2")
+			"-v=2",
+		}
+		if zone := o.Labels[v1.LabelTopologyZone]; s.topology && zone != "" {
+			args = append(args, "--zone="+zone)
+		}
+		p, err := s.start("csi-mock-driver-"+o.Name+"-"+d, mockBin, args...)
 		if err != nil {
 			return nil, err
 		}

@@ -61,6 +61,13 @@ type Options struct {
 	Drivers []string
 	// APIServerFlags are appended to kube-apiserver's (see framework.Options).
 	APIServerFlags []string
+	// Topology makes the CSI drivers zonal, as cloud block storage is: each
+	// driver's controller-side mock advertises
+	// VOLUME_ACCESSIBILITY_CONSTRAINTS and places a volume it creates in
+	// the zone asked for, and a hollow node's drivers report the node's
+	// zone (its topology.kubernetes.io/zone label), which kubelet lists in
+	// the CSINode. StartCluster sets it.
+	Topology bool
 	// Logger receives progress messages. The zero value discards them.
 	Logger klog.Logger
 }
@@ -76,6 +83,7 @@ type Stack struct {
 	binDir        string
 	controllerBin string
 	kubeletsimBin string
+	topology      bool
 
 	mu        sync.Mutex
 	processes []*Process
@@ -127,6 +135,7 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 		binDir:        binDir,
 		controllerBin: bins[ControllerBinary],
 		kubeletsimBin: bins[KubeletsimBinary],
+		topology:      opts.Topology,
 		started:       map[string]int{},
 	}
 	for _, driver := range drivers {
@@ -153,10 +162,15 @@ func (s *Stack) AddDriver(ctx context.Context, driver string) error {
 // startDriver starts the mock driver, waits for its socket, then starts the
 // attacher on it.
 func (s *Stack) startDriver(ctx context.Context, mockBin, attacherBin, driver string) error {
-	socket := filepath.Join(s.Cluster.Dir, driver+".sock")
-	mock, err := s.start("csi-mock-driver-"+driver, mockBin,
+	socket := s.driverSocket(driver)
+	args := []string{
 		// Any node ID: each hollow node's driver reports its own.
-		"--endpoint="+socket, "--driver-name="+driver, "--any-handle", "--any-node-id", "-v=2")
+		"--endpoint=" + socket, "--driver-name=" + driver, "--any-handle", "--any-node-id", "-v=2",
+	}
+	if s.topology {
+		args = append(args, "--topology")
+	}
+	mock, err := s.start("csi-mock-driver-"+driver, mockBin, args...)
 	if err != nil {
 		return err
 	}
@@ -182,6 +196,12 @@ func (s *Stack) startDriver(ctx context.Context, mockBin, attacherBin, driver st
 	}
 	s.logger.V(1).Info("Driver started", "driver", driver, "socket", socket)
 	return nil
+}
+
+// driverSocket is the controller socket of driver's mock: its attacher's
+// and provisioner's.
+func (s *Stack) driverSocket(driver string) string {
+	return filepath.Join(s.Cluster.Dir, driver+".sock")
 }
 
 // start starts a process whose log is named after name (logName).
