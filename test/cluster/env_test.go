@@ -63,6 +63,10 @@ type env struct {
 	c    *stack.Cluster
 	// watch judges every attachment from the cluster's start.
 	watch *stack.AttachmentWatch
+	// otherControllerExpected: the test runs kube-controller-manager's
+	// attachdetach beside this controller on purpose; stop does not
+	// require the guard to stay quiet.
+	otherControllerExpected bool
 }
 
 // startCluster starts a cluster with kind attaching, stopped at the end of
@@ -94,6 +98,9 @@ func startCluster(t *testing.T, kind stack.AttachDetach, o stack.ClusterOptions)
 }
 
 func (e *env) stop() {
+	if !e.otherControllerExpected {
+		e.guardQuiet()
+	}
 	if e.t.Failed() {
 		for _, p := range e.c.Processes() {
 			e.t.Logf("--- last lines of %s (%s):\n%s", p.Name, p.LogPath, p.Tail(logTail))
@@ -106,6 +113,76 @@ func (e *env) stop() {
 		e.t.Error(err)
 	}
 }
+
+// guardQuiet fails the test if this controller's guard reported another
+// attach/detach controller: kube-controller-manager runs here with
+// --controllers=*,-attachdetach and its other controllers (PV binder,
+// StatefulSet, node lifecycle, ephemeral volume, ...) post events and write
+// the same objects, none of which is an attach/detach controller's.
+func (e *env) guardQuiet() {
+	if e.kind != stack.Ours {
+		return
+	}
+	// The test's context is done by now.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	reports, err := e.guardReports(ctx)
+	if err != nil {
+		e.t.Errorf("guard: %v", err)
+	}
+	for _, r := range reports {
+		e.t.Errorf("guard: a false report beside kube-controller-manager --controllers=*,-attachdetach: %s", r)
+	}
+}
+
+// guardReports lists what this controller's guard reports: the metric, read
+// from the running controller, and the Warning events, read from the API
+// (a report by an earlier replica, before a restart, counts too).
+func (e *env) guardReports(ctx context.Context) ([]string, error) {
+	var reports []string
+	if c := e.c.Controller; c != nil && running(c.Process) {
+		m, err := c.Metrics(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("read the controller's metrics: %w", err)
+		}
+		if len(m.Select(otherWriterObjects, map[string]string{"resource": "events"})) == 0 {
+			return nil, fmt.Errorf("the controller exports no %s{resource=\"events\"}: is the guard's event watch on?", otherWriterObjects)
+		}
+		for _, s := range m.Select(otherWriterObjects, nil) {
+			if s.Value != 0 {
+				reports = append(reports, fmt.Sprintf("%s%v = %v", otherWriterObjects, s.Labels, s.Value))
+			}
+		}
+	}
+	events, err := e.c.Client.CoreV1().Events(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + guardReason})
+	if err != nil {
+		return reports, fmt.Errorf("list events: %w", err)
+	}
+	for _, ev := range events.Items {
+		reports = append(reports, fmt.Sprintf("event %s on %s %s/%s: %s", ev.Reason, ev.InvolvedObject.Kind, ev.InvolvedObject.Namespace, ev.InvolvedObject.Name, ev.Message))
+	}
+	return reports, nil
+}
+
+// running says whether p has not exited.
+func running(p *framework.Process) bool {
+	if p == nil {
+		return false
+	}
+	select {
+	case <-p.Done():
+		return false
+	default:
+		return true
+	}
+}
+
+const (
+	// otherWriterObjects and guardReason are the guard's metric and
+	// Warning event (pkg/guard).
+	otherWriterObjects = "attachdetach_controller_other_writer_objects"
+	guardReason        = "AnotherAttachDetachController"
+)
 
 // keepLogs copies every log where it outlives the cluster's directory.
 func (e *env) keepLogs() {
