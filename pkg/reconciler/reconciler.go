@@ -420,7 +420,11 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 		return Result{WriteNodeStatus: held}, fmt.Errorf("attach %s to node %s: %w", d.Key.Volume, d.Key.Node, err)
 	}
 	if !res.Attached && state != cache.Attached {
-		logger.V(2).Info("Attach started", "attachment", res.AttachmentName)
+		if res.Created {
+			logger.V(2).Info("Attach started", "attachment", res.AttachmentName)
+		} else {
+			logger.V(4).Info("Attach under way", "attachment", res.AttachmentName)
+		}
 		return Result{WriteNodeStatus: held, RequeueAfter: r.attachUnderWay(d, now)}, nil
 	}
 	a, _ := r.actual.Get(d.Key)
