@@ -39,7 +39,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/net/http2"
 	"k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
@@ -126,19 +125,23 @@ func (o *Options) serve(ctx context.Context, kubeconfig string, h http.Handler) 
 		ReadHeaderTimeout: 32 * time.Second,
 		ErrorLog:          log.New(handshakeErrors{logger: klog.FromContext(ctx)}, "", 0),
 	}
-	if !o.DisableHTTP2 {
+	if o.DisableHTTP2 {
+		srv.Protocols = new(http.Protocols)
+		srv.Protocols.SetHTTP1(true)
+	} else {
 		// As the kube-apiserver's serving: frames and per-stream buffers of
-		// 256 KiB, 100 streams unless told otherwise.
+		// 256 KiB, 100 streams unless told otherwise (net/http's HTTP/2,
+		// negotiated by the listener's NextProtos).
 		const frame = 256 * 1024
-		h2 := &http2.Server{IdleTimeout: 90 * time.Second, MaxUploadBufferPerStream: frame, MaxReadFrameSize: frame,
-			MaxConcurrentStreams: 100}
+		streams := 100
 		if o.HTTP2MaxStreamsPerConnection > 0 {
-			h2.MaxConcurrentStreams = uint32(o.HTTP2MaxStreamsPerConnection)
+			streams = o.HTTP2MaxStreamsPerConnection
 		}
-		h2.MaxUploadBufferPerConnection = h2.MaxUploadBufferPerStream * int32(h2.MaxConcurrentStreams)
-		if err := http2.ConfigureServer(srv, h2); err != nil {
-			_ = ln.Close()
-			return nil, "", fmt.Errorf("configure http2: %w", err)
+		srv.HTTP2 = &http.HTTP2Config{
+			MaxConcurrentStreams:          streams,
+			MaxReadFrameSize:              frame,
+			MaxReceiveBufferPerStream:     frame,
+			MaxReceiveBufferPerConnection: frame * streams,
 		}
 	}
 	addr := ln.Addr().String()

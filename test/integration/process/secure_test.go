@@ -197,3 +197,41 @@ func TestSecureEndpoint(t *testing.T) {
 		t.Errorf("--http-endpoint GET /healthz: %d (%v), want 200", code, err)
 	}
 }
+
+// TestSecureEndpointProtocols: the secure port speaks HTTP/2 to a client
+// that offers it (the kube-apiserver's frame and stream settings), and
+// HTTP/1.1 alone with --disable-http2-serving.
+func TestSecureEndpointProtocols(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		extra []string
+		want  string
+	}{
+		{"default", nil, "HTTP/2.0"},
+		{"disable-http2-serving", []string{"--disable-http2-serving"}, "HTTP/1.1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, secure := startSecure(t, "adc-protocols-"+c.name, c.extra...)
+			client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+				TLSClientConfig:   &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // self-signed by design
+				ForceAttemptHTTP2: true,
+			}}
+			var proto string
+			ok := framework.Poll(t, 30*time.Second, func() (bool, error) {
+				resp, err := client.Get(secure + "/healthz")
+				if err != nil {
+					return false, nil
+				}
+				_ = resp.Body.Close()
+				proto = resp.Proto
+				return resp.StatusCode == http.StatusOK, nil
+			})
+			if !ok {
+				t.Fatalf("GET %s/healthz never answered 200", secure)
+			}
+			if proto != c.want {
+				t.Errorf("GET /healthz over %s, want %s", proto, c.want)
+			}
+		})
+	}
+}
