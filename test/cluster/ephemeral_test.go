@@ -98,6 +98,15 @@ func TestEphemeralDeployment(t *testing.T) {
 			if err := guard.Protect(ctx, stay...); err != nil {
 				return err
 			}
+			// The pods drained are guarded by a watch of their own, which
+			// must see their eviction and detach: a guard that can fail.
+			canary, err := stack.WatchDetaches(ctx, e.c.Client)
+			if err != nil {
+				return err
+			}
+			if err := canary.Protect(ctx, leave...); err != nil {
+				return err
+			}
 			old, err := e.ephemeralVolumes(ctx, leave)
 			if err != nil {
 				return err
@@ -124,12 +133,34 @@ func TestEphemeralDeployment(t *testing.T) {
 			if err := e.volumesDeleted(ctx, guard, old); err != nil {
 				return err
 			}
+			if err := canaryCaught(canary, old); err != nil {
+				return err
+			}
 			return guard.Err()
 		})
 		if err := guard.Err(); err != nil {
 			t.Error(err)
 		}
 	})
+}
+
+// canaryCaught checks that the watch guarding the drained pods recorded,
+// for each volume, its VolumeAttachment deleted and the volume dropped from
+// its node's status, and its pod deleted.
+func canaryCaught(w *stack.DetachWatch, drained []ephemeralVolume) error {
+	got := w.Violations()
+	for _, v := range drained {
+		for _, want := range []string{
+			"VolumeAttachment " + v.attached + " of PV " + v.pv,
+			"status.volumesAttached dropped kubernetes.io/csi/",
+			"pod " + strings.Split(v.claim, "/")[0] + "/" + v.podName + " on " + v.node + " being deleted",
+		} {
+			if !slices.ContainsFunc(got, func(s string) bool { return strings.Contains(s, want) }) {
+				return fmt.Errorf("the watch guarding the drained pods did not record %q: %q", want, got)
+			}
+		}
+	}
+	return nil
 }
 
 // ephemeralVolume is the claim of a pod's generic ephemeral volume, its PV
