@@ -176,8 +176,9 @@ test-hollow-full: test-binaries
 # kube-controller-manager with every controller but its attachdetach, the CSI
 # external-provisioner and external-attacher of a zonal driver with a
 # WaitForFirstConsumer StorageClass, hollow nodes in zones. StatefulSets
-# created, scaled, restarted and drained; no volume ever on two nodes. The
-# small set (-short: this controller) in make test; every scenario with this
+# created, scaled, restarted and drained, a Deployment with generic ephemeral
+# volumes drained, the cut-over of docs/operations.md and back (full set); no
+# volume ever on two nodes. The small set (-short: this controller) in make test; every scenario with this
 # controller and with kube-controller-manager's attachdetach in
 # test-cluster-full. Each step's time is logged ("timing" lines).
 test-cluster: test-binaries
