@@ -189,10 +189,11 @@ test-hollow-full: test-binaries
 # kube-controller-manager with every controller but its attachdetach, the CSI
 # external-provisioner and external-attacher of a zonal driver with a
 # WaitForFirstConsumer StorageClass, hollow nodes in zones. StatefulSets
-# created, scaled, restarted and drained; no volume ever on two nodes. The
-# small set (-short: this controller) in make test; every scenario with this
-# controller and with kube-controller-manager's attachdetach in
-# test-cluster-full. Each step's time is logged ("timing" lines).
+# created, scaled, restarted and drained, a Deployment with generic ephemeral
+# volumes drained, the cut-over of docs/operations.md and back (full set); no
+# volume ever on two nodes. The small set (-short: this controller) in make
+# test; every scenario with this controller and with kube-controller-manager's
+# attachdetach in test-cluster-full. Each step's time is logged ("timing" lines).
 test-cluster: test-binaries
 	hack/build-tools.sh $(CLUSTER_TOOLS)
 	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -short -timeout 10m -v ./test/cluster/ | \
