@@ -9,11 +9,14 @@
 // volume in its pod's zone, this controller attaches it, the kubelet mounts
 // it.
 //
-// Every scenario runs twice, with this controller and with
-// kube-controller-manager's own attachdetach controller (--controllers=*):
-// the control. Each step's time is logged ("timing" lines), and an
+// A workload scenario runs twice (forEachController), with this controller
+// and with kube-controller-manager's own attachdetach controller
+// (--controllers=*): the control; the cut-over and the guard's tests run the
+// two by design. Each step's time is logged ("timing" lines), an
 // AttachmentWatch fails a run in which a single-node volume was attached to
-// two nodes at any moment.
+// two nodes at any moment, and every run of this controller ends with its
+// guard quiet: no other attach/detach controller reported beside a
+// kube-controller-manager running --controllers=*,-attachdetach.
 package cluster
 
 import (
