@@ -137,3 +137,42 @@ func TestSettledAsDetachingAnObjectCreatedAgainSurvivesTheOldOnesDeletion(t *tes
 		t.Errorf("writes %v; want the volume attached anew to one node", w.f.writes())
 	}
 }
+
+// The settle reads an object being deleted that the informer never shows:
+// someone created it again after the controller's delete landed and the
+// informer read that deletion, and it is created and gone within a watch
+// outage, which the relist after it does not show. No informer event will
+// say it is gone: the periodic sync (Resync) finds the attachment with no
+// VolumeAttachment in the lister and asks the API. (With the periodic sync
+// off, nothing wakes the key: a known limit.)
+func TestSettledAsDetachingAnObjectNeverShownIsWokenByThePeriodicSync(t *testing.T) {
+	w := newSettleWorld(t, func(w *settleWorld) error {
+		w.deleteFromAPI(t)
+		return apierrors.NewTimeoutError("the answer was lost", 0)
+	})
+	// The informer reads the deletion: the detach stays started, its
+	// object on record no longer named.
+	w.f.load(w.vol...)
+	must(t, w.f.c.syncAttachment(w.f.ctx, w.name))
+	w.checkUnknown(t)
+	must(t, w.f.client.Tracker().Create(vaResource, createdAgain(vaDeleting), ""))
+	w.f.reset()
+	w.podWantsItAgain(t, nil)
+	w.f.drain()
+	if a, _ := w.f.c.actual.Get(w.k); a.State != cache.Detaching || a.AttachmentUID != "uid-created-again" {
+		t.Fatalf("%+v: want detaching, the object read from the API on record", a)
+	}
+	if writes := w.f.writes(); slices.ContainsFunc(writes, func(s string) bool { return strings.Contains(s, "volumeattachments") }) {
+		t.Fatalf("writes %v; want no VolumeAttachment written while the object is being deleted", writes)
+	}
+	// It goes; the informer never shows it.
+	w.deleteFromAPI(t)
+	w.f.reset()
+	w.f.c.Resync(w.f.ctx)
+	for w.f.c.Process(w.f.ctx, QueueVolumeAttachments) {
+	}
+	w.f.drain()
+	if !slices.Contains(w.f.writes(), "create volumeattachments "+w.name) {
+		t.Errorf("writes %v: the volume not attached anew once its VolumeAttachment is gone (%v)", w.f.writes(), w.f.c.reconciler.Decide(w.k, epoch))
+	}
+}
