@@ -1,14 +1,18 @@
 package controller
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"testing"
 
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
 	"github.com/kube-attach/attach-detach-controller/pkg/volume"
 )
 
@@ -174,5 +178,79 @@ func TestSettledAsDetachingAnObjectNeverShownIsWokenByThePeriodicSync(t *testing
 	w.f.drain()
 	if !slices.Contains(w.f.writes(), "create volumeattachments "+w.name) {
 		t.Errorf("writes %v: the volume not attached anew once its VolumeAttachment is gone (%v)", w.f.writes(), w.f.c.reconciler.Decide(w.k, epoch))
+	}
+}
+
+// An informer event older than the delete (the object as it was before it)
+// arrives after the settle read the object being deleted: it says nothing
+// new, and the volume is neither taken for attached nor listed again.
+func TestSettledAsDetachingIgnoresAnEventOlderThanTheDelete(t *testing.T) {
+	w := newSettleWorld(t, func(w *settleWorld) error {
+		must(t, w.f.client.Tracker().Update(vaResource, va("claim-a", "h1", "node-1", vaDeleting), ""))
+		return apierrors.NewTimeoutError("the answer was lost", 0)
+	})
+	w.f.reset()
+	w.podWantsItAgain(t, va("claim-a", "h1", "node-1"))
+	w.f.drain()
+	if a, _ := w.f.c.actual.Get(w.k); a.State != cache.Detaching {
+		t.Fatalf("%+v: want detaching", a)
+	}
+	// The informer's copy, from before the delete, is synced again (a
+	// resync, or a relist that delivers it as it was).
+	must(t, w.f.c.syncAttachment(w.f.ctx, w.name))
+	w.f.drain()
+	if got := w.f.actualState(); !slices.Equal(got, []string{csiName("h1") + "@node-1 detaching"}) {
+		t.Errorf("actual state %v; want the detach under way, not listed", got)
+	}
+	for _, s := range w.f.writes() {
+		if strings.HasPrefix(s, "create") || strings.HasPrefix(s, "delete") {
+			t.Errorf("writes %v: want no VolumeAttachment written while its detach is under way", w.f.writes())
+		}
+	}
+}
+
+// pod-b, which wants the volume again, goes while the settle reads the
+// VolumeAttachment: the answer (not being deleted: attached) is recorded,
+// but the volume is not listed again for nobody; it is detached once its
+// kubelet no longer lists it in use.
+func TestPodGoneDuringTheSettleLeavesTheVolumeToItsDetach(t *testing.T) {
+	w := newSettleWorld(t, func(w *settleWorld) error {
+		return apierrors.NewForbidden(storagev1.Resource("volumeattachments"), w.name, errors.New("admission webhook denied the request"))
+	})
+	w.f.reset()
+	gets := 0
+	w.f.client.PrependReactor("get", "volumeattachments", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if gets++; gets == 1 {
+			// pod-b goes while the API answers.
+			w.f.load(append(slices.Clone(w.vol), va("claim-a", "h1", "node-1"),
+				node("node-1", resourceVersion("20"), inUse(csiName("h1"))))...)
+			must(t, w.f.c.syncPod(w.f.ctx, "default/pod-b"))
+		}
+		return false, nil, nil
+	})
+	w.podWantsItAgain(t, va("claim-a", "h1", "node-1"))
+	w.f.drain()
+	if gets == 0 {
+		t.Fatal("the detach was not settled")
+	}
+	if got := w.f.actualState(); !slices.Equal(got, []string{csiName("h1") + "@node-1 attached"}) {
+		t.Errorf("actual state %v; want attached, not listed", got)
+	}
+	if d := w.f.c.reconciler.Decide(w.k, epoch); d.Action != reconciler.Wait || !strings.Contains(d.Reason, "still mounted") {
+		t.Errorf("decided %v; want a wait for kubelet to unmount it", d)
+	}
+	for _, a := range w.f.client.Actions() {
+		if p, ok := a.(k8stesting.PatchAction); ok && strings.Contains(string(p.GetPatch()), csiName("h1")) {
+			t.Errorf("node status patch %s lists the volume nobody wants", p.GetPatch())
+		}
+	}
+	// Its kubelet no longer lists it in use: the detach goes on.
+	w.f.load(append(slices.Clone(w.vol), va("claim-a", "h1", "node-1"), node("node-1", resourceVersion("30")))...)
+	must(t, w.f.c.syncNode(w.f.ctx, "node-1"))
+	if d := w.f.c.reconciler.Decide(w.k, epoch); d.Action != reconciler.Detach {
+		t.Errorf("decided %v; want the detach", d)
+	}
+	if !slices.Contains(w.f.queued(QueueVolumes), key("h1", "node-1")) {
+		t.Errorf("queued %v: the key not queued by the unmount", w.f.queued(QueueVolumes))
 	}
 }
