@@ -45,11 +45,12 @@ type Attachment struct {
 	AttachmentName string
 	AttachmentUID  string
 	// CreatedUID is the UID of the VolumeAttachment the controller created
-	// under AttachmentName, until an informer event of it is read
-	// (CreatedUnknown when the create's answer did not come): an object
-	// the lister shows meanwhile under that name may be an older one, gone
-	// before the create, so that its deletion proves nothing of what is
-	// there now. "" when no create awaits its event.
+	// under AttachmentName, or first read from the API (a settled detach's
+	// GET, of an object someone created again under that name), until an
+	// informer event of it is read (CreatedUnknown when the create's
+	// answer did not come): an object the lister shows meanwhile under that
+	// name may be an older one, gone before, so that its deletion proves
+	// nothing of what is there now. "" when no object awaits its event.
 	CreatedUID string
 	// AttachError and DetachError are the last errors the mechanism reported.
 	AttachError string

@@ -587,6 +587,13 @@ func (r *Reconciler) settleDetach(ctx context.Context, d Decision, now time.Time
 	// during the call may say more than the answer (a delete that landed
 	// since).
 	if !r.actual.UpdateUnchanged(k, a, func(cur *cache.Attachment) {
+		if s.UID != "" && s.UID != cur.AttachmentUID {
+			// An object no informer event has shown yet (someone
+			// created it again under that name since the one on
+			// record): until one does, the deletion of the one
+			// before, read late, proves nothing of it.
+			cur.CreatedUID = s.UID
+		}
 		if s.UID != "" {
 			cur.AttachmentUID = s.UID
 		}

@@ -412,7 +412,7 @@ func ready(n *v1.Node) bool { return invariants.Ready(n) }
 func outOfServiceTaint(n *v1.Node) bool { return invariants.OutOfServiceTaint(n) }
 
 // attacherPending: a VolumeAttachment waits for the external-attacher.
-func (s *Sim) attacherPending() bool { return len(s.attacherTodo()) > 0 }
+func (s *Sim) attacherPending() bool { return !s.w.attacherHeld && len(s.attacherTodo()) > 0 }
 
 // attacherTodo returns the VolumeAttachments the external-attacher acts on
 // now: being deleted, or not attached yet, unless its attach keeps failing

@@ -489,7 +489,7 @@ func (s *Sim) act(chaos bool) (progress bool) {
 	var cs []choice
 	add := func(w float64, name string, do func()) { cs = append(cs, choice{w, name, do}) }
 	for _, r := range resources {
-		if len(s.w.pending[r]) > 0 {
+		if len(s.w.pending[r]) > 0 && !s.w.held[r] {
 			add(3, "deliver "+r, func() { s.deliver(r) })
 		}
 	}
@@ -715,7 +715,7 @@ func (s *Sim) advance(d time.Duration) {
 	// Watch events are late, but not by much: those that would be more
 	// than informerLag late are delivered first.
 	for _, r := range resources {
-		for len(s.w.pending[r]) > 0 && !s.w.pending[r][0].at.Add(informerLag).After(s.clock.Now().Add(d)) {
+		for len(s.w.pending[r]) > 0 && !s.w.held[r] && !s.w.pending[r][0].at.Add(informerLag).After(s.clock.Now().Add(d)) {
 			s.deliver(r)
 		}
 	}
@@ -795,6 +795,11 @@ func (p *iscsiPlugin) Detach(ctx context.Context, name volumeName, node string) 
 		s.checkDetachStart(s.volumeByName(string(name)).pv, node)
 	}
 	delete(s.intree[node], string(name))
+	if s.w.lost["iscsi detach"] {
+		s.stats["test: API write landed, answer lost"]++
+		s.tracef("  iscsi detach %s from %s: landed, answer lost by the test", name, node)
+		return fmt.Errorf("the test lost the iSCSI answer")
+	}
 	if s.faults && s.chance(s.cfg.APILostAnswer) {
 		s.stats["fault: API write landed, answer lost: iSCSI detach"]++
 		s.tracef("  iscsi detach %s from %s: landed, answer lost", name, node)

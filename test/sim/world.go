@@ -77,10 +77,19 @@ type world struct {
 	// refused are the writes ("delete volumeattachments") a directed test
 	// has the API refuse, before they land, until it lifts the refusal.
 	refused map[string]bool
+	// lost are the writes ("delete volumeattachments", "iscsi detach") a
+	// directed test has land with their answer lost, until it lifts it.
+	lost map[string]bool
+	// attacherHeld: a directed test keeps the external-attacher from
+	// acting (a detach under way for a while).
+	attacherHeld bool
+	// held are the resources whose events a directed test keeps from the
+	// informers (a watch that lags) until it lifts it.
+	held map[string]bool
 }
 
 func newWorld(s *Sim) *world {
-	w := &world{s: s, objects: map[string]map[string]object{}, pending: map[string][]event{}, refused: map[string]bool{}}
+	w := &world{s: s, objects: map[string]map[string]object{}, pending: map[string][]event{}, refused: map[string]bool{}, lost: map[string]bool{}, held: map[string]bool{}}
 	for _, r := range resources {
 		w.objects[r] = map[string]object{}
 	}
@@ -212,6 +221,7 @@ func (w *world) react(action k8stesting.Action) (bool, runtime.Object, error) {
 		s.tracef("  %s: no answer, the controller is gone", what)
 		return true, nil, fmt.Errorf("connection refused")
 	}
+	kind := what
 	if w.refused[what] {
 		s.stats["test: API write refused"]++
 		s.tracef("  %s: refused by the test", what)
@@ -268,6 +278,11 @@ func (w *world) react(action k8stesting.Action) (bool, runtime.Object, error) {
 	if !handled || (obj == nil && err == nil && action.GetVerb() != "delete") {
 		s.violate("API", "unexpected API call %s", what)
 		return true, nil, fmt.Errorf("unexpected call %s", what)
+	}
+	if err == nil && w.lost[kind] {
+		s.stats["test: API write landed, answer lost"]++
+		s.tracef("  %s: landed, answer lost by the test", what)
+		return true, nil, apierrors.NewTimeoutError("the test lost the answer", 1)
 	}
 	if err == nil && s.faults && s.chance(s.cfg.APILostAnswer) {
 		// The write landed; its answer is lost.
