@@ -249,3 +249,32 @@ func TestReportRatios(t *testing.T) {
 		}
 	}
 }
+
+func TestMedian(t *testing.T) {
+	for _, tc := range []struct {
+		in   []time.Duration
+		want time.Duration
+	}{
+		{nil, 0},
+		{[]time.Duration{3, 1, 2}, 2},
+		{[]time.Duration{4, 1}, 2},
+	} {
+		if got := median(tc.in); got != tc.want {
+			t.Errorf("median(%v) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestLateBinds(t *testing.T) {
+	pods := []times{
+		// On its node before its claim was Bound, Running 10 s after listed.
+		{mOnNode: at(0), mBound: at(100), mListed: at(200), mRunning: at(10200)},
+		// On its node before its claim was Bound, Running at once.
+		{mOnNode: at(0), mBound: at(100), mListed: at(200), mRunning: at(300)},
+		// Bound first.
+		{mBound: at(0), mOnNode: at(100), mListed: at(200), mRunning: at(20000)},
+	}
+	if early, late := lateBinds(pods); early != 2 || late != 1 {
+		t.Errorf("lateBinds = %d, %d; want 2, 1", early, late)
+	}
+}
