@@ -37,7 +37,11 @@ type result struct {
 	dir          string
 	clusterStart time.Duration
 
-	scaleUp   phase
+	scaleUp phase
+	// skipped are the scale-up's pods a kubelet skipped for a claim not
+	// Bound yet (kubeletSkips); unskipped is the scale-up without them.
+	skipped   map[string]bool
+	unskipped phase
 	scaleDown phase
 	drain     phase
 	// drainNode is the drained node; drainReturned the time stack.Drain
@@ -158,6 +162,12 @@ func (b *bench) scaleUp(ctx context.Context, res *result) error {
 	}
 	res.scaleUp.names, res.scaleUp.pods = b.tl.startTimes(namespace, scaled, b.o.replicas)
 	res.scaleUp.took = since(res.scaleUp.started, res.scaleUp.pods, mRunning)
+	skipped, err := kubeletSkips(b.c.Cluster.Dir, namespace)
+	if err != nil {
+		return fmt.Errorf("read the kubelets' logs: %w", err)
+	}
+	res.skipped = skipped
+	res.unskipped = res.scaleUp.without(skipped)
 	return nil
 }
 

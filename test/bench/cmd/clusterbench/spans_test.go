@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -265,16 +267,36 @@ func TestMedian(t *testing.T) {
 	}
 }
 
-func TestLateBinds(t *testing.T) {
+func TestEarlyBinds(t *testing.T) {
 	pods := []times{
-		// On its node before its claim was Bound, Running 10 s after listed.
-		{mOnNode: at(0), mBound: at(100), mListed: at(200), mRunning: at(10200)},
-		// On its node before its claim was Bound, Running at once.
-		{mOnNode: at(0), mBound: at(100), mListed: at(200), mRunning: at(300)},
-		// Bound first.
-		{mBound: at(0), mOnNode: at(100), mListed: at(200), mRunning: at(20000)},
+		{mOnNode: at(0), mBound: at(100)},
+		{mBound: at(0), mOnNode: at(100)},
+		{mOnNode: at(0)},
 	}
-	if early, late := lateBinds(pods); early != 2 || late != 1 {
-		t.Errorf("lateBinds = %d, %d; want 2, 1", early, late)
+	if got := earlyBinds(pods); got != 1 {
+		t.Errorf("earlyBinds = %d, want 1", got)
+	}
+}
+
+func TestKubeletSkips(t *testing.T) {
+	dir := t.TempDir()
+	log := `I1128 02:51:04.1 kubelet.go:2760] "SyncLoop ADD" node="node-2" source="api" pods=["bench/web-22"]
+E1128 02:51:04.667158   26762 kubelet.go:2239] "Unable to attach or mount volumes for pod; skipping pod" err="unmounted volumes=[data], unattached volumes=[], failed to process volumes=[data]: error processing PVC bench/data-web-22: PVC is not bound" node="node-2" pod="bench/web-22"
+E1128 02:51:04.7 kubelet.go:2239] "Unable to attach or mount volumes for pod; skipping pod" err="unmounted volumes=[data], unattached volumes=[], failed to process volumes=[data]: error processing PVC other/data-web-3: PVC is not bound" node="node-2" pod="other/web-3"
+E1128 02:51:04.8 kubelet.go:2239] "Unable to attach or mount volumes for pod; skipping pod" err="unmounted volumes=[data], unattached volumes=[data]: timed out waiting for the condition" node="node-2" pod="bench/web-4"
+`
+	if err := os.WriteFile(filepath.Join(dir, "hollow-node-node-2.log"), []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := kubeletSkips(dir, "bench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || !got["web-22"] {
+		t.Errorf("kubeletSkips = %v, want web-22 alone", got)
+	}
+	p := phase{started: t0, names: []string{"web-21", "web-22"}, pods: []times{{mRunning: at(1000)}, {mRunning: at(20000)}}}
+	if w := p.without(got); len(w.pods) != 1 || w.names[0] != "web-21" || w.took != time.Second {
+		t.Errorf("phase without web-22: %v, took %s; want web-21, 1s", w.names, w.took)
 	}
 }
