@@ -194,6 +194,9 @@ func (r *report) markdown(plotFile string) string {
 	t := table{r: r, percentiles: pct, phase: func(res *result) *phase { return &res.scaleUp }}
 	t.header(&b, "span")
 	t.total(&b, "last pod Running, from the scale", func(res *result) time.Duration { return res.scaleUp.took })
+	t.total(&b, "last volume in volumesAttached, from the scale", func(res *result) time.Duration {
+		return since(res.scaleUp.started, res.scaleUp.pods, mListed)
+	})
 	u := table{r: r, percentiles: pct, phase: func(res *result) *phase { return &res.unskipped }}
 	u.total(&b, "last pod Running, pods a kubelet skipped left out", func(res *result) time.Duration { return res.unskipped.took })
 	t.span(&b, podStartup, true)

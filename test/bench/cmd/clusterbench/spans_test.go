@@ -233,7 +233,7 @@ func TestParseLoadAvg(t *testing.T) {
 
 func TestReportRatios(t *testing.T) {
 	run := func(kind stack.AttachDetach, running time.Duration) *result {
-		tt := times{mCreated: t0, mRunning: t0.Add(running)}
+		tt := times{mCreated: t0, mListed: t0.Add(running / 2), mRunning: t0.Add(running)}
 		ph := phase{started: t0, names: []string{"web-0"}, pods: []times{tt}, took: running}
 		return &result{kind: kind, round: 1, scaleUp: ph, drain: ph, scaleDown: ph}
 	}
@@ -244,6 +244,7 @@ func TestReportRatios(t *testing.T) {
 		"| this controller | kube-controller-manager | ratio |",
 		"| **last pod Running, from the scale** | | **2.00** | **4.00** | **0.50** |",
 		"| **pod startup: created → Running** | all | 2.00 / 2.00 / 2.00 | 4.00 / 4.00 / 4.00 | 0.50 / 0.50 / 0.50 |",
+		"| **last volume in volumesAttached, from the scale** | | **1.00** | **2.00** | **0.50** |",
 		"(1 not seen)",
 	} {
 		if !strings.Contains(md, want) {
