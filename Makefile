@@ -10,6 +10,9 @@
 #   make test-cluster-full  StatefulSets in a whole cluster (scheduler,
 #                     kube-controller-manager, provisioner, zones), with this
 #                     controller and with kube-controller-manager's
+#   make bench-cluster  StatefulSets scaled and a node drained in a whole
+#                     cluster, this controller and kube-controller-manager's
+#                     attachdetach side by side (not in make test)
 #   make verify       gofmt, go vet, staticcheck, module and version pins,
 #                     the Dockerfile, the manifests and the Helm chart
 #   make kubectl-adc  the kubectl plugin (kubectl adc why pod/NAME)
