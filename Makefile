@@ -10,6 +10,9 @@
 #   make test-cluster-full  StatefulSets in a whole cluster (scheduler,
 #                     kube-controller-manager, provisioner, zones), with this
 #                     controller and with kube-controller-manager's
+#   make bench-cluster  StatefulSets scaled and a node drained in a whole
+#                     cluster, this controller and kube-controller-manager's
+#                     attachdetach side by side (not in make test)
 #   make verify       gofmt, go vet, staticcheck, module and version pins,
 #                     the Dockerfile, the manifests and the Helm chart
 #   make kubectl-adc  the kubectl plugin (kubectl adc why pod/NAME)
@@ -291,6 +294,26 @@ HOLLOW_PODS_PER_NODE ?= 10
 bench-hollow: test-binaries
 	hack/build-tools.sh $(E2E_TOOLS) kube-controller-manager
 	$(TEST_BINARIES) go run ./test/bench/cmd/hollowbench -nodes $(HOLLOW_NODES) -pods-per-node $(HOLLOW_PODS_PER_NODE) -qps $(BENCH_QPS) -burst $(BENCH_BURST)
+
+# StatefulSets with dynamically provisioned volumes in a whole cluster
+# (test/e2e/stack StartCluster: scheduler, kube-controller-manager,
+# provisioner, zones), this controller and kube-controller-manager's
+# attachdetach (CLUSTER_CONTROLLERS: both, ours or kcm), each in a fresh
+# cluster of the same size, CLUSTER_ROUNDS each, alternated: a scale-up 0 -> CLUSTER_REPLICAS (pod startup
+# p50/p90/p99 and each component's part), a scale-down, the drain of a node
+# with CLUSTER_DRAIN_PODS pods; report in bench/results/<date>-cluster.md
+# with its -scaleup.svg plot, logs in _output/bench/cluster.
+CLUSTER_NODES ?= 10
+CLUSTER_ZONES ?= 2
+CLUSTER_REPLICAS ?= 50
+CLUSTER_DRAIN_PODS ?= 6
+CLUSTER_ROUNDS ?= 2
+CLUSTER_CONTROLLERS ?= both
+.PHONY: bench-cluster
+bench-cluster: test-binaries
+	hack/build-tools.sh $(CLUSTER_TOOLS)
+	$(TEST_BINARIES) go run ./test/bench/cmd/clusterbench -nodes $(CLUSTER_NODES) -zones $(CLUSTER_ZONES) -replicas $(CLUSTER_REPLICAS) \
+	  -drain-pods $(CLUSTER_DRAIN_PODS) -controllers $(CLUSTER_CONTROLLERS) -rounds $(CLUSTER_ROUNDS) -qps $(BENCH_QPS) -burst $(BENCH_BURST)
 
 IMAGE ?= ghcr.io/kube-attach/attach-detach-controller:$(VERSION)
 
