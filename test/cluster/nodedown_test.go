@@ -57,9 +57,9 @@ const (
 // force-deletes one (kubectl delete --force): its volume, still mounted as
 // far as the node says, is force-detached once the max wait for unmount has
 // passed (6 minutes, not sooner) and its new pod runs elsewhere. The other,
-// still Terminating, keeps its volume attached past the max wait: a pod
-// that has not terminated is never force-detached by timeout. The
-// out-of-service taint then frees it at once.
+// still Terminating, keeps its volume attached 6 minutes 45 s after its
+// eviction and on: a pod that has not terminated is never force-detached
+// by timeout. The out-of-service taint then frees it at once.
 //
 // Each runs with both controllers side by side; at no moment is a volume
 // attached to two nodes.
@@ -180,13 +180,27 @@ func nodeEvicted(t *testing.T, kind stack.AttachDetach, f *figures) {
 		return e.movedAway(ctx, ns, forced, pods[forced], down)
 	}))
 
-	// stuck-0 has not terminated: wanted, never force-detached by timeout.
-	e.step("stuck-0 still Terminating, its volume attached", func(ctx context.Context) error {
+	// stuck-0 has not terminated: wanted, never force-detached by timeout,
+	// however long past the max wait.
+	holdUntil := evicted.Add(upstreamMaxWait + holdMargin)
+	e.stepFrom(evicted, fmt.Sprintf("stuck-0 Terminating, attached %s on", upstreamMaxWait+holdMargin), func(ctx context.Context) error {
+		ticker := time.NewTicker(time.Second)
+		defer ticker.Stop()
+		for {
+			if got := detaches.Events(stopped, down); slices.ContainsFunc(got, func(d stack.DetachEvent) bool { return d.Volume == stuckPV }) {
+				return fmt.Errorf("volume %s of the Terminating pod detached from %s: %v", stuckPV, down, got)
+			}
+			if !time.Now().Before(holdUntil) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-ticker.C:
+			}
+		}
 		if _, err := stack.WaitPodTerminating(ctx, e.c.Client, ns, pods[stuck].Name, pods[stuck].UID, time.Second); err != nil {
 			return err
-		}
-		if got := detaches.Events(stopped, down); slices.ContainsFunc(got, func(d stack.DetachEvent) bool { return d.Volume == stuckPV }) {
-			return fmt.Errorf("volume %s of the Terminating pod detached from %s: %v", stuckPV, down, got)
 		}
 		return e.attachedTo(ctx, stuckPV, down)
 	})
