@@ -430,22 +430,35 @@ func (e *env) attachedTo(ctx context.Context, pv, node string) error {
 // figure.
 func (e *env) checkForced(f *figures, want map[string]int) {
 	e.t.Helper()
+	reasons := []string{"timeout", "out-of-service"}
 	got := map[string]int{}
+	matches := func() bool {
+		return !slices.ContainsFunc(reasons, func(r string) bool { return got[r] != want[r] })
+	}
 	switch e.kind {
 	case stack.Ours:
-		m, err := e.c.Controller.Metrics(e.ctx)
+		// A scrape may be served a gather up to 2 s old.
+		var err error
+		pollCtx(e.ctx, 500*time.Millisecond, 10*time.Second, func() bool {
+			var m framework.Metrics
+			if m, err = e.c.Controller.Metrics(e.ctx); err != nil {
+				return false
+			}
+			got = map[string]int{}
+			for _, s := range m.Select(metricForced, nil) {
+				got[s.Labels["reason"]] += int(s.Value)
+			}
+			return matches()
+		})
 		if err != nil {
 			e.t.Fatal(err)
-		}
-		for _, s := range m.Select(metricForced, nil) {
-			got[s.Labels["reason"]] += int(s.Value)
 		}
 	default:
 		for _, d := range stack.ForcedDetaches(e.c.ControllerManager.Output()) {
 			got[d.Reason]++
 		}
 	}
-	for _, reason := range []string{"timeout", "out-of-service"} {
+	for _, reason := range reasons {
 		f.add(e.kind, "forced detaches, "+reason, "%d", got[reason])
 		if got[reason] != want[reason] {
 			e.t.Errorf("%d forced detaches by %s, want %d", got[reason], reason, want[reason])

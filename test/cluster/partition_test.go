@@ -333,18 +333,29 @@ func (e *env) waitMetric(ctx context.Context, name string, want float64) error {
 	return nil
 }
 
-// expectMetrics checks this controller's metrics, each summed over its
-// labels, against want.
+// expectMetrics waits until this controller's metrics, each summed over
+// its labels, are want: the controller serves a gather at most 2 s old
+// (pkg/metrics CachedGatherer), so a change shows a scrape or two later.
 func (e *env) expectMetrics(want map[string]float64) {
 	e.t.Helper()
-	m, err := e.c.Controller.Metrics(e.ctx)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for name, v := range want {
-		if got := m.Sum(name, nil); got != v {
-			e.t.Errorf("metric %s: %v, want %v", name, got, v)
+	var wrong []string
+	ok := pollCtx(e.ctx, 500*time.Millisecond, 10*time.Second, func() bool {
+		m, err := e.c.Controller.Metrics(e.ctx)
+		if err != nil {
+			wrong = []string{err.Error()}
+			return false
 		}
+		wrong = nil
+		for name, v := range want {
+			if got := m.Sum(name, nil); got != v {
+				wrong = append(wrong, fmt.Sprintf("%s %v, want %v", name, got, v))
+			}
+		}
+		return len(wrong) == 0
+	})
+	if !ok {
+		slices.Sort(wrong)
+		e.t.Errorf("metrics after 10s: %s", strings.Join(wrong, "; "))
 	}
 }
 
