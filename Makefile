@@ -8,8 +8,9 @@
 #   make test-hollow-full  every scenario on real kubelets, with this
 #                     controller and with kube-controller-manager's
 #   make test-cluster-full  StatefulSets in a whole cluster (scheduler,
-#                     kube-controller-manager, provisioner, zones), with this
-#                     controller and with kube-controller-manager's
+#                     kube-controller-manager, provisioner, zones), a node
+#                     stopped and a zone cut off, with this controller and
+#                     with kube-controller-manager's
 #   make bench-cluster  StatefulSets scaled and a node drained in a whole
 #                     cluster, this controller and kube-controller-manager's
 #                     attachdetach side by side (not in make test)
@@ -193,10 +194,12 @@ test-hollow-full: test-binaries
 # external-provisioner and external-attacher of a zonal driver with a
 # WaitForFirstConsumer StorageClass, hollow nodes in zones. StatefulSets
 # created, scaled, restarted and drained, a Deployment with generic ephemeral
-# volumes drained, the cut-over of docs/operations.md and back (full set); no
-# volume ever on two nodes. The small set (-short: this controller) in make
-# test; every scenario with this controller and with kube-controller-manager's
-# attachdetach in test-cluster-full. Each step's time is logged ("timing" lines).
+# volumes drained, the cut-over of docs/operations.md and back; a node stopped
+# (evicted pods, forced detaches, the out-of-service taint) and a zone cut off
+# (nothing force-detached while it is disrupted); no volume ever on two nodes.
+# The small set (-short: this controller) in make test; every scenario with
+# this controller and with kube-controller-manager's attachdetach in
+# test-cluster-full. Each step's time is logged ("timing" lines).
 test-cluster: test-binaries
 	hack/build-tools.sh $(CLUSTER_TOOLS)
 	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -short -timeout 10m -v ./test/cluster/ | \
@@ -204,7 +207,7 @@ test-cluster: test-binaries
 
 test-cluster-full: test-binaries
 	hack/build-tools.sh $(CLUSTER_TOOLS)
-	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 40m -v ./test/cluster/ | \
+	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 60m -v ./test/cluster/ | \
 	  grep -E $(HOLLOW_OUTPUT) ; exit $${PIPESTATUS[0]}
 
 # The integration and end-to-end tests against each supported kube-apiserver
