@@ -324,9 +324,9 @@ func (e *env) stepAt(origin time.Time, what string, f func(ctx context.Context) 
 }
 
 // watchDetaches records every detach in the cluster from now on.
-func (e *env) watchDetaches() *stack.DetachWatch {
+func (e *env) watchDetaches() *stack.DetachLog {
 	e.t.Helper()
-	w, err := stack.WatchDetaches(e.ctx, e.c.Client)
+	w, err := stack.LogDetaches(e.ctx, e.c.Client)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -335,7 +335,7 @@ func (e *env) watchDetaches() *stack.DetachWatch {
 
 // waitDetach waits until detaches has an event of kind for pv on node,
 // at or after since, and returns its time.
-func (e *env) waitDetach(ctx context.Context, detaches *stack.DetachWatch, kind stack.DetachKind, pv, node string, since time.Time, timeout time.Duration) (time.Time, error) {
+func (e *env) waitDetach(ctx context.Context, detaches *stack.DetachLog, kind stack.DetachKind, pv, node string, since time.Time, timeout time.Duration) (time.Time, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	ticker := time.NewTicker(100 * time.Millisecond)
@@ -467,7 +467,7 @@ func (e *env) checkForced(f *figures, want map[string]int) {
 }
 
 // logDetaches logs every detach seen since origin, timed from it.
-func (e *env) logDetaches(detaches *stack.DetachWatch, origin time.Time) {
+func (e *env) logDetaches(detaches *stack.DetachLog, origin time.Time) {
 	var b strings.Builder
 	for _, d := range detaches.Events(origin) {
 		fmt.Fprintf(&b, "\n  +%7.1fs %s: %s on %s", d.At.Sub(origin).Seconds(), d.Volume, d.Kind, d.Node)

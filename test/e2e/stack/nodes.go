@@ -37,7 +37,7 @@ import (
 // The helpers below read that story through the API (WaitNodeNotReady,
 // WaitNodeTaint, WaitPodTerminating, WaitPodGone), write the operator's
 // part of it (TaintNode, ForceDeletePod), record what was detached and when
-// (DetachWatch), and read kube-controller-manager's view of the zones and
+// (DetachLog), and read kube-controller-manager's view of the zones and
 // of its forced detaches from its log (ZoneStates, ForcedDetaches).
 
 // OutOfServiceTaint is the taint an operator puts on a node shut down for
@@ -246,11 +246,11 @@ func (d DetachEvent) String() string {
 	return fmt.Sprintf("%s %s: %s on %s", d.At.Format("15:04:05.000"), d.Volume, d.Kind, d.Node)
 }
 
-// DetachWatch records, for as long as its context lives, every detach
+// DetachLog records, for as long as its context lives, every detach
 // from the moment it started: each VolumeAttachment whose deletion starts
 // and ends, each volume dropped from a node's volumesAttached. What it
 // records is what a test asserts "nothing was detached" on, and when.
-type DetachWatch struct {
+type DetachLog struct {
 	mu sync.Mutex
 	// deleting are the VolumeAttachments whose deletion was recorded.
 	deleting map[string]bool
@@ -261,10 +261,10 @@ type DetachWatch struct {
 	events   []DetachEvent
 }
 
-// WatchDetaches starts a DetachWatch and returns once its caches are
+// LogDetaches starts a DetachLog and returns once its caches are
 // synced: what exists then is its starting point. It stops when ctx ends.
-func WatchDetaches(ctx context.Context, client kubernetes.Interface) (*DetachWatch, error) {
-	w := &DetachWatch{deleting: map[string]bool{}, listed: map[string][]string{}, pvOfName: map[string]string{}}
+func LogDetaches(ctx context.Context, client kubernetes.Interface) (*DetachLog, error) {
+	w := &DetachLog{deleting: map[string]bool{}, listed: map[string][]string{}, pvOfName: map[string]string{}}
 	factory := informers.NewSharedInformerFactory(client, 0)
 	handlers := []struct {
 		informer cache.SharedIndexInformer
@@ -301,7 +301,7 @@ func WatchDetaches(ctx context.Context, client kubernetes.Interface) (*DetachWat
 
 // Events are the detaches seen, in order, on any of nodes (every node when
 // none is named) at or after since.
-func (w *DetachWatch) Events(since time.Time, nodes ...string) []DetachEvent {
+func (w *DetachLog) Events(since time.Time, nodes ...string) []DetachEvent {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var out []DetachEvent
@@ -315,7 +315,7 @@ func (w *DetachWatch) Events(since time.Time, nodes ...string) []DetachEvent {
 
 // First is the first event of kind for volume on node at or after since;
 // ok is false when there is none yet.
-func (w *DetachWatch) First(kind DetachKind, volume, node string, since time.Time) (at time.Time, ok bool) {
+func (w *DetachLog) First(kind DetachKind, volume, node string, since time.Time) (at time.Time, ok bool) {
 	for _, e := range w.Events(since, node) {
 		if e.Kind == kind && e.Volume == volume {
 			return e.At, true
@@ -324,11 +324,11 @@ func (w *DetachWatch) First(kind DetachKind, volume, node string, since time.Tim
 	return time.Time{}, false
 }
 
-func (w *DetachWatch) record(kind DetachKind, node, volume string) {
+func (w *DetachLog) record(kind DetachKind, node, volume string) {
 	w.events = append(w.events, DetachEvent{At: time.Now(), Kind: kind, Node: node, Volume: volume})
 }
 
-func (w *DetachWatch) pvSeen(obj any) {
+func (w *DetachLog) pvSeen(obj any) {
 	pv, ok := obj.(*v1.PersistentVolume)
 	if !ok || pv.Spec.CSI == nil {
 		return
@@ -338,7 +338,7 @@ func (w *DetachWatch) pvSeen(obj any) {
 	w.pvOfName["kubernetes.io/csi/"+pv.Spec.CSI.Driver+"^"+pv.Spec.CSI.VolumeHandle] = pv.Name
 }
 
-func (w *DetachWatch) vaSeen(obj any) {
+func (w *DetachLog) vaSeen(obj any) {
 	va, ok := obj.(*storagev1.VolumeAttachment)
 	if !ok || va.DeletionTimestamp == nil {
 		return
@@ -351,7 +351,7 @@ func (w *DetachWatch) vaSeen(obj any) {
 	}
 }
 
-func (w *DetachWatch) vaGone(obj any) {
+func (w *DetachLog) vaGone(obj any) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
 	}
@@ -369,7 +369,7 @@ func (w *DetachWatch) vaGone(obj any) {
 	w.record(DetachDone, va.Spec.NodeName, vaVolume(va))
 }
 
-func (w *DetachWatch) nodeSeen(obj any) {
+func (w *DetachLog) nodeSeen(obj any) {
 	node, ok := obj.(*v1.Node)
 	if !ok {
 		return

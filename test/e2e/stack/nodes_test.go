@@ -54,8 +54,8 @@ func TestForcedDetaches(t *testing.T) {
 	}
 }
 
-func TestDetachWatch(t *testing.T) {
-	w := &DetachWatch{deleting: map[string]bool{}, listed: map[string][]string{}, pvOfName: map[string]string{}}
+func TestDetachLog(t *testing.T) {
+	w := &DetachLog{deleting: map[string]bool{}, listed: map[string][]string{}, pvOfName: map[string]string{}}
 	w.pvSeen(testPV("pv-1", "h1"))
 	w.nodeSeen(testNode("node-0", "kubernetes.io/csi/"+MockDriver+"^h1", "kubernetes.io/csi/"+MockDriver+"^h2"))
 	va := testVA("pv-1", "node-0")
