@@ -249,7 +249,7 @@ func WaitDeploymentRunning(ctx context.Context, client kubernetes.Interface, ns,
 		return why == "", err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("Deployment %s/%s not rolled out: %s: %w", ns, name, why, err)
+		return nil, fmt.Errorf("deployment %s/%s not rolled out: %s: %w", ns, name, why, err)
 	}
 	return pods, nil
 }
@@ -268,7 +268,7 @@ func deploymentRolledOut(ctx context.Context, client kubernetes.Interface, ns, n
 	}
 	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
 	if err != nil {
-		return nil, "", fmt.Errorf("Deployment %s/%s selector: %w", ns, name, err)
+		return nil, "", fmt.Errorf("deployment %s/%s selector: %w", ns, name, err)
 	}
 	list, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
 	if err != nil {
