@@ -69,10 +69,7 @@ func WatchAttachments(ctx context.Context, client kubernetes.Interface) (*Attach
 		active:   map[string]bool{},
 		factory:  informers.NewSharedInformerFactory(client, 0),
 	}
-	handlers := []struct {
-		informer cache.SharedIndexInformer
-		handler  cache.ResourceEventHandlerFuncs
-	}{
+	handlers := []watchHandler{
 		{w.factory.Core().V1().PersistentVolumes().Informer(), cache.ResourceEventHandlerFuncs{
 			AddFunc: w.pvSeen, UpdateFunc: func(_, o any) { w.pvSeen(o) },
 		}},
@@ -83,22 +80,9 @@ func WatchAttachments(ctx context.Context, client kubernetes.Interface) (*Attach
 			AddFunc: w.nodeSeen, UpdateFunc: func(_, o any) { w.nodeSeen(o) }, DeleteFunc: w.nodeGone,
 		}},
 	}
-	for _, h := range handlers {
-		if _, err := h.informer.AddEventHandler(h.handler); err != nil {
-			return nil, fmt.Errorf("attachment watch: %w", err)
-		}
+	if err := startWatch(ctx, w.factory, "attachment watch", handlers); err != nil {
+		return nil, err
 	}
-	w.factory.Start(ctx.Done())
-	for typ, ok := range w.factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			w.factory.Shutdown()
-			return nil, fmt.Errorf("attachment watch: cache of %v not synced: %w", typ, context.Cause(ctx))
-		}
-	}
-	go func() {
-		<-ctx.Done()
-		w.factory.Shutdown()
-	}()
 	return w, nil
 }
 
@@ -271,4 +255,33 @@ func (w *AttachmentWatch) nodeGone(obj any) {
 			w.checkListed(name)
 		}
 	}
+}
+
+// watchHandler is an informer and the handler a watch adds to it.
+type watchHandler struct {
+	informer cache.SharedIndexInformer
+	handler  cache.ResourceEventHandlerFuncs
+}
+
+// startWatch adds handlers to their informers, starts factory and returns
+// once every cache is synced; the factory shuts down when ctx ends. what
+// names the watch in errors.
+func startWatch(ctx context.Context, factory informers.SharedInformerFactory, what string, handlers []watchHandler) error {
+	for _, h := range handlers {
+		if _, err := h.informer.AddEventHandler(h.handler); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+	}
+	factory.Start(ctx.Done())
+	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			factory.Shutdown()
+			return fmt.Errorf("%s: cache of %v not synced: %w", what, typ, context.Cause(ctx))
+		}
+	}
+	go func() {
+		<-ctx.Done()
+		factory.Shutdown()
+	}()
+	return nil
 }

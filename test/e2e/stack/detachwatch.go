@@ -98,10 +98,7 @@ const (
 func WatchDetaches(ctx context.Context, client kubernetes.Interface) (*DetachWatch, error) {
 	w := newDetachWatch(client)
 	w.factory = informers.NewSharedInformerFactory(client, 0)
-	handlers := []struct {
-		informer cache.SharedIndexInformer
-		handler  cache.ResourceEventHandlerFuncs
-	}{
+	handlers := []watchHandler{
 		{w.factory.Storage().V1().VolumeAttachments().Informer(), cache.ResourceEventHandlerFuncs{
 			AddFunc: w.vaSeen, UpdateFunc: func(_, o any) { w.vaSeen(o) }, DeleteFunc: w.vaGone,
 		}},
@@ -115,22 +112,9 @@ func WatchDetaches(ctx context.Context, client kubernetes.Interface) (*DetachWat
 			AddFunc: w.podSeen, UpdateFunc: func(_, o any) { w.podSeen(o) }, DeleteFunc: w.podGone,
 		}},
 	}
-	for _, h := range handlers {
-		if _, err := h.informer.AddEventHandler(h.handler); err != nil {
-			return nil, fmt.Errorf("detach watch: %w", err)
-		}
+	if err := startWatch(ctx, w.factory, "detach watch", handlers); err != nil {
+		return nil, err
 	}
-	w.factory.Start(ctx.Done())
-	for typ, ok := range w.factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			w.factory.Shutdown()
-			return nil, fmt.Errorf("detach watch: cache of %v not synced: %w", typ, context.Cause(ctx))
-		}
-	}
-	go func() {
-		<-ctx.Done()
-		w.factory.Shutdown()
-	}()
 	return w, nil
 }
 

@@ -266,10 +266,7 @@ type DetachLog struct {
 func LogDetaches(ctx context.Context, client kubernetes.Interface) (*DetachLog, error) {
 	w := &DetachLog{deleting: map[string]bool{}, listed: map[string][]string{}, pvOfName: map[string]string{}}
 	factory := informers.NewSharedInformerFactory(client, 0)
-	handlers := []struct {
-		informer cache.SharedIndexInformer
-		handler  cache.ResourceEventHandlerFuncs
-	}{
+	handlers := []watchHandler{
 		{factory.Core().V1().PersistentVolumes().Informer(), cache.ResourceEventHandlerFuncs{
 			AddFunc: w.pvSeen, UpdateFunc: func(_, o any) { w.pvSeen(o) },
 		}},
@@ -280,22 +277,9 @@ func LogDetaches(ctx context.Context, client kubernetes.Interface) (*DetachLog, 
 			AddFunc: w.nodeSeen, UpdateFunc: func(_, o any) { w.nodeSeen(o) },
 		}},
 	}
-	for _, h := range handlers {
-		if _, err := h.informer.AddEventHandler(h.handler); err != nil {
-			return nil, fmt.Errorf("detach watch: %w", err)
-		}
+	if err := startWatch(ctx, factory, "detach log", handlers); err != nil {
+		return nil, err
 	}
-	factory.Start(ctx.Done())
-	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			factory.Shutdown()
-			return nil, fmt.Errorf("detach watch: cache of %v not synced: %w", typ, context.Cause(ctx))
-		}
-	}
-	go func() {
-		<-ctx.Done()
-		factory.Shutdown()
-	}()
 	return w, nil
 }
 
