@@ -28,6 +28,15 @@ const restartTimeout = 3 * time.Minute
 // everything already right, a restart needs no write.
 func (r *runner) restart(ctx context.Context, p *PhaseResult) error {
 	timeout := max(restartTimeout, r.cfg.MinTimeout)
+	if len(r.cfg.ListFloor) > 0 {
+		// The floor first, on the same quiet cluster, the controller idle.
+		s, err := r.listFloor(ctx)
+		if err != nil {
+			return err
+		}
+		p.Times[MListFloor], p.Times[MListCPU] = s.Synced, s.CPU
+		r.logger.Info("Bare informers listed everything", "objects", s.Objects, "synced", s.Synced.Round(time.Millisecond), "cpu", s.CPU.Round(time.Millisecond))
+	}
 	stopping := time.Now()
 	_ = r.proc.Stop(stopTimeout)
 	p.Times[MStopped] = time.Since(stopping)

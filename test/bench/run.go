@@ -55,6 +55,8 @@ const (
 	MStopped     = "stopped"      // restart: the old process exited after SIGTERM
 	MReady       = "ready"        // restart: the new process is ready
 	MFirstAttach = "first attach" // restart: the volume created at its start attached and in node.status
+	MListFloor   = "list floor"   // restart: bare informers of the same kinds have listed everything (ListEverything)
+	MListCPU     = "list cpu"     // restart: the CPU time of that list
 
 	// teardown: the volume of a pod created once every other pod is deleted
 	MNewPodAttached = "new pod attached" // its VolumeAttachment attached
@@ -108,6 +110,11 @@ type Config struct {
 	// LastPhase, when set, is the last phase run (Phases): a huge run that
 	// measures the restart stops there, its cluster discarded.
 	LastPhase string
+	// ListFloor, when set, is a command (and its arguments, to which
+	// "-kubeconfig <path>" is added) that lists what the controller reads
+	// with bare informers and prints its ListStats as JSON: the restart
+	// phase runs it before the stop, for the restart's floor.
+	ListFloor []string
 }
 
 // Floors of the run's API budget.

@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-attach/attach-detach-controller/test/bench"
@@ -68,6 +70,10 @@ type flags struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "list-floor" {
+		listFloor(os.Args[2:])
+		return
+	}
 	klog.InitFlags(nil)
 	var f flags
 	flag.StringVar(&f.size, "size", "small", "workload: small (50 nodes x 10 pods), large (1000 x 10) or huge (10000 x 10)")
@@ -179,6 +185,9 @@ func run(f flags) error {
 		Idle: f.idle, Quiet: f.quiet, MaxSettle: f.maxSettle,
 		TimeoutFactor: f.timeoutFactor, MinTimeout: f.minTimeout, Poll: f.poll,
 		Driver: "bench.csi.example.com", WorkDir: f.workDir, LastPhase: f.lastPhase,
+	}
+	if self, err := os.Executable(); err == nil {
+		cfg.ListFloor = []string{self, "list-floor"}
 	}
 	meta := collectMeta(root, f.binDir, now)
 	if f.goBench != "" {
@@ -359,5 +368,28 @@ func moduleRoot() (string, error) {
 		if filepath.Dir(dir) == dir {
 			return "", fmt.Errorf("find module root: no go.mod above %s", wd)
 		}
+	}
+}
+
+// listFloor is "adcbench list-floor -kubeconfig PATH": bench.ListEverything
+// in a process of its own, its ListStats printed as JSON.
+func listFloor(args []string) {
+	fs := flag.NewFlagSet("list-floor", flag.ExitOnError)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster")
+	_ = fs.Parse(args)
+	err := func() error {
+		config, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+		if err != nil {
+			return err
+		}
+		s, err := bench.ListEverything(context.Background(), config)
+		if err != nil {
+			return err
+		}
+		return json.NewEncoder(os.Stdout).Encode(s)
+	}()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "adcbench list-floor:", err)
+		os.Exit(1)
 	}
 }
