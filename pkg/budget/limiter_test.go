@@ -185,3 +185,41 @@ func TestLimiterPromotesWhoWaits(t *testing.T) {
 		t.Fatalf("then served %s, want attach-2", got)
 	}
 }
+
+// Prepay takes its token at once; the first request under its context then
+// takes none, a second (a retry) takes its own, and a request under any
+// other context is not paid for.
+func TestLimiterPrepay(t *testing.T) {
+	clk := newClock()
+	l := NewWithClock(1, 2, clk)
+	ctx, err := l.Prepay(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Wait(ctx); err != nil { // paid for
+		t.Fatal(err)
+	}
+	if !l.TryAccept() {
+		t.Fatal("the prepaid request took a second token: a bucket of 2 is empty")
+	}
+	done := make(chan error, 1)
+	go func() { done <- l.Wait(ctx) }() // a retry under the same context
+	waitFor(t, l, 1)
+	clk.Step(time.Second)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	// A Prepay waits as Wait does, and takes nothing when cancelled.
+	cctx, cancel := context.WithCancel(context.Background())
+	go func() { _, err := l.Prepay(cctx); done <- err }()
+	waitFor(t, l, 1)
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("a cancelled Prepay returned no error")
+	}
+	clk.Step(time.Second)
+	if !l.TryAccept() {
+		t.Fatal("the cancelled Prepay kept the token earned since")
+	}
+}

@@ -430,3 +430,45 @@ func TestWriterSyncMoveHoldsNothing(t *testing.T) {
 		t.Fatalf("API calls %v, want one patch", actions)
 	}
 }
+
+// A write that waits for the budget before it reads what to write
+// (Writer.Prepay) carries what changed on the node while it waited: two
+// withdrawals, the second made during the wait, go in one patch; with
+// nothing to write it does not wait at all.
+func TestWriterPrepayGathersWhatChangesWhileItWaits(t *testing.T) {
+	n1 := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}
+	f := newFixture(t, []*v1.Node{n1},
+		[]cache.Attachment{{Key: key(volA), State: cache.Attached}, {Key: key(volB), State: cache.Attached}, {Key: key(volC), State: cache.Attached}},
+		[]v1.AttachedVolume{av(volA, ""), av(volB, ""), av(volC, "")}, nil)
+	_, ctx := ktesting.NewTestContext(t)
+	prepays := 0
+	f.writer.Prepay = func(ctx context.Context) (context.Context, error) {
+		prepays++
+		// The budget's wait: another pod of the node goes meanwhile.
+		f.actual.Update(key(volB), false, func(a *cache.Attachment) { a.Withdrawn = true })
+		return ctx, nil
+	}
+	if _, _, err := f.writer.Sync(ctx, node); err != nil || prepays != 0 || len(f.client.Actions()) != 0 {
+		t.Fatalf("nothing to write: err %v, %d prepays, %d requests; want none", err, prepays, len(f.client.Actions()))
+	}
+	f.actual.Update(key(volA), false, func(a *cache.Attachment) { a.Withdrawn = true })
+	keys, _, err := f.writer.Sync(ctx, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if prepays != 1 {
+		t.Errorf("%d prepays, want 1", prepays)
+	}
+	if got, want := f.record.Listed(node), []v1.AttachedVolume{av(volC, "")}; !reflect.DeepEqual(got, want) {
+		t.Errorf("listed %v after one write, want %v: the withdrawal made while the write waited is not in it", got, want)
+	}
+	if got, want := sortKeys(keys), sortKeys([]cache.Key{key(volA), key(volB)}); !reflect.DeepEqual(got, want) {
+		t.Errorf("keys %v, want %v (both withdrawals' detaches wait for this write)", got, want)
+	}
+	if n := len(f.client.Actions()); n != 1 {
+		t.Errorf("%d requests, want one patch", n)
+	}
+	if _, _, err := f.writer.Sync(ctx, node); err != nil || len(f.client.Actions()) != 1 || prepays != 1 {
+		t.Errorf("a second sync wrote again (err %v, %d requests, %d prepays)", err, len(f.client.Actions()), prepays)
+	}
+}
