@@ -137,6 +137,8 @@ func TestHandoffFinishesADetachThatBeganOnceItMay(t *testing.T) {
 	k := key(specA, node1)
 	actual.Update(k, true, func(a *cache.Attachment) {
 		a.State, a.Kind, a.Spec = cache.Attached, specA.Kind, specA
+		// Its VolumeAttachment is seen: there is something to detach.
+		a.AttachmentName, a.AttachmentUID = vaNameA, "uid-va"
 		a.Withdrawn, a.DetachWanted, a.DetachStarted, a.DetachError = true, t0, t0, "timeout"
 	})
 	m := &countingMechanism{}

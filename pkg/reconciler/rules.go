@@ -217,6 +217,9 @@ func handoffContinues(d Decision) bool {
 		// Of a detach that began: its outcome is settled, never left
 		// ambiguous.
 		return true
+	case Confirm:
+		// It only reads, and forgets an attachment that is not there.
+		return true
 	}
 	return false
 }
