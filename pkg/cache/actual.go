@@ -87,8 +87,11 @@ type NodeInfo struct {
 	// of it, not even whether it exists. Once deleted, the other fields
 	// keep their last known values.
 	Exists, Deleted bool
-	// Managed: the node has the controller-managed-attach-detach annotation.
-	Managed bool
+	// Managed: the node has the controller-managed-attach-detach annotation
+	// and counts as managed (pkg/controller holds a node that turned
+	// managed unmanaged until its pods are read). Annotated: its object has
+	// the annotation.
+	Managed, Annotated bool
 	// Ready: the node's Ready condition is True.
 	Ready bool
 	// OutOfService: the node carries the node.kubernetes.io/out-of-service taint.
@@ -106,6 +109,15 @@ type NodeInfo struct {
 	// started), or whose final state is unknown, nothing is known:
 	// everything attached there may be mounted.
 	Seen bool
+	// ManagedAgain is when the node was first read with the annotation
+	// after it was read without it, or deleted (SetNode's at); zero when
+	// it had it from its first read. A kubelet that attached volumes by
+	// itself mounted them without waiting to report them in use, and what
+	// pods wanted there did not count meanwhile: its volumesInUse is not
+	// taken to show every mount until its next status update, and the max
+	// wait for unmount counts from then at the earliest
+	// (pkg/reconciler/rules.go). Kept while the node has the annotation.
+	ManagedAgain time.Time
 }
 
 // Unread reports whether nothing is known of the node yet: named by an
@@ -336,19 +348,22 @@ func (a *ActualState) gcNodeLocked(name string) {
 	}
 }
 
-// SetNode records what the Node object says, unless the controller already
-// knows a newer version of it, or knows that object deleted. It returns
+// SetNode records what the Node object says, read at at, unless the
+// controller already knows a newer version of it, or knows that object
+// deleted. It returns
 // the keys of the node's attachments whose decision may change: all of them
 // when existence, readiness, management or the out-of-service taint
 // changed, else those whose in-use flag changed. And it reports whether the
 // node turned managed (unmanaged, or not known to exist, before): then what
 // its pods want there with no attachment yet, decided "not managed" or "no
 // such node" until then, must be decided again too, which this record of
-// attachments cannot list.
-func (a *ActualState) SetNode(name string, info NodeInfo) (keys []Key, turnedManaged bool) {
+// attachments cannot list. A node read with the annotation after it was
+// read without it, or deleted, is managed again from at
+// (NodeInfo.ManagedAgain).
+func (a *ActualState) SetNode(name string, info NodeInfo, at time.Time) (keys []Key, turnedManaged bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.setNodeLocked(name, info)
+	return a.setNodeLocked(name, info, at)
 }
 
 // SetNodeWritten is SetNode for the answer of a status write: it updates
@@ -357,13 +372,13 @@ func (a *ActualState) SetNode(name string, info NodeInfo) (keys []Key, turnedMan
 // relist's tombstone carries no version to compare) must not bring it
 // back, and one that landed on a Node created again comes through the
 // informer too.
-func (a *ActualState) SetNodeWritten(name string, info NodeInfo) (keys []Key, turnedManaged bool) {
+func (a *ActualState) SetNodeWritten(name string, info NodeInfo, at time.Time) (keys []Key, turnedManaged bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if n := a.nodes[name]; n == nil || !n.info.Exists || n.info.UID != info.UID {
 		return nil, false
 	}
-	return a.setNodeLocked(name, info)
+	return a.setNodeLocked(name, info, at)
 }
 
 // SetFinal records the last state of a deleted Node, as its delete event
@@ -380,15 +395,26 @@ func (a *ActualState) SetFinal(name string, info NodeInfo) {
 		}
 		return
 	}
-	a.setNodeLocked(name, info)
+	a.setNodeLocked(name, info, time.Time{})
 }
 
-func (a *ActualState) setNodeLocked(name string, info NodeInfo) (keys []Key, turnedManaged bool) {
+func (a *ActualState) setNodeLocked(name string, info NodeInfo, at time.Time) (keys []Key, turnedManaged bool) {
 	info.Exists, info.Deleted, info.Seen = true, false, true
 	n := a.nodeLocked(name)
 	old := n.info
 	if old.stale(info.UID, info.ResourceVersion) {
 		return nil, false
+	}
+	switch {
+	case !info.Annotated:
+		info.ManagedAgain = time.Time{}
+	case old.Exists && old.Annotated:
+		info.ManagedAgain = old.ManagedAgain
+	case old.Exists || old.Deleted:
+		info.ManagedAgain = at
+	default:
+		// First read (or named by an attachment before it).
+		info.ManagedAgain = time.Time{}
 	}
 	n.info = info
 	a.countZoneLocked(old, -1)

@@ -170,9 +170,9 @@ func TestActualStateSetNode(t *testing.T) {
 			a.Update(k(volB, "n1"), true, set(Attachment{State: Attached}))
 			a.Update(k(volC, "n2"), true, set(Attachment{State: Attached}))
 			if tt.before != nil {
-				a.SetNode("n1", *tt.before)
+				a.SetNode("n1", *tt.before, time.Time{})
 			}
-			got, _ := a.SetNode("n1", tt.after)
+			got, _ := a.SetNode("n1", tt.after, time.Time{})
 			if !sameKeys(got, tt.want) {
 				t.Errorf("SetNode touched %v, want %v", got, tt.want)
 			}
@@ -181,6 +181,58 @@ func TestActualStateSetNode(t *testing.T) {
 			want.Exists, want.Seen = true, true
 			if !ok || !reflect.DeepEqual(info, want) {
 				t.Errorf("Node(n1) = %+v, %v; want %+v", info, ok, want)
+			}
+		})
+	}
+}
+
+// A node read with the controller-managed annotation after it was read
+// without it, or deleted, is managed again from that read; the time is
+// kept while the node has the annotation (also while it counts as
+// unmanaged, its pods not read yet), and dropped when it loses it. A node
+// annotated from its first read, held unmanaged until its pods are read,
+// is not managed again.
+func TestActualStateManagedAgain(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	managed := NodeInfo{Managed: true, Annotated: true, Ready: true, UID: "u1"}
+	unmanaged := NodeInfo{Ready: true, UID: "u1"}
+	type step struct {
+		info   NodeInfo
+		delete bool
+		at     int
+		want   int // -1: not managed again
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{name: "managed from the first read", steps: []step{{info: managed, at: 1, want: -1}, {info: managed, at: 2, want: -1}}},
+		{name: "unmanaged, then managed", steps: []step{{info: unmanaged, at: 1, want: -1}, {info: managed, at: 5, want: 5}, {info: managed, at: 9, want: 5}}},
+		{name: "managed again, then unmanaged", steps: []step{{info: unmanaged, at: 1, want: -1}, {info: managed, at: 5, want: 5}, {info: unmanaged, at: 9, want: -1}}},
+		{name: "managed again twice", steps: []step{{info: unmanaged, at: 1, want: -1}, {info: managed, at: 5, want: 5}, {info: unmanaged, at: 9, want: -1}, {info: managed, at: 12, want: 12}}},
+		{name: "held until its pods are read", steps: []step{{info: NodeInfo{Annotated: true, Ready: true, UID: "u1"}, at: 1, want: -1}, {info: managed, at: 5, want: -1}}},
+		{name: "managed again, held until its pods are read", steps: []step{{info: unmanaged, at: 1, want: -1}, {info: NodeInfo{Annotated: true, Ready: true, UID: "u1"}, at: 5, want: 5}, {info: managed, at: 9, want: 5}}},
+		{name: "deleted, created again", steps: []step{{info: managed, at: 1, want: -1}, {delete: true, at: 3, want: -1}, {info: NodeInfo{Managed: true, Annotated: true, UID: "u2"}, at: 7, want: 7}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := NewActualState()
+			a.Update(k(volA, "n1"), true, set(Attachment{State: Attached}))
+			for i, st := range tt.steps {
+				if st.delete {
+					a.DeleteNode("n1", true, at(st.at))
+				} else {
+					a.SetNode("n1", st.info, at(st.at))
+				}
+				n, _ := a.Node("n1")
+				want := time.Time{}
+				if st.want >= 0 {
+					want = at(st.want)
+				}
+				if !n.ManagedAgain.Equal(want) {
+					t.Errorf("step %d: ManagedAgain = %v, want %v", i, n.ManagedAgain, want)
+				}
 			}
 		})
 	}
@@ -226,7 +278,7 @@ func TestActualStateDeleteNode(t *testing.T) {
 				a.Update(key, true, set(Attachment{State: Attached}))
 			}
 			if tt.seen {
-				a.SetNode("n1", info)
+				a.SetNode("n1", info, time.Time{})
 			}
 			got := a.DeleteNode("n1", true, time.Time{})
 			if tt.deleteTwice {
@@ -249,7 +301,7 @@ func TestActualStateDeleteNode(t *testing.T) {
 func TestActualStateDeletedNodeForgottenWithItsLastAttachment(t *testing.T) {
 	a := NewActualState()
 	a.Update(k(volA, "n1"), true, set(Attachment{State: Attached}))
-	a.SetNode("n1", NodeInfo{Managed: true, Ready: true})
+	a.SetNode("n1", NodeInfo{Managed: true, Ready: true}, time.Time{})
 	a.DeleteNode("n1", true, time.Time{})
 	if _, ok := a.Node("n1"); !ok {
 		t.Fatalf("node with an attachment forgotten on delete")

@@ -3,6 +3,7 @@ package cache_test
 import (
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/cache/cachetest"
@@ -31,7 +32,7 @@ func benchActual(b *testing.B) *cache.ActualState {
 		for j := range cachetest.PerNode {
 			inUse[cachetest.Spec(n*cachetest.PerNode+j).Name] = true
 		}
-		a.SetNode(cachetest.Node(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: inUse})
+		a.SetNode(cachetest.Node(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: inUse}, time.Time{})
 	}
 	for v := range cachetest.Volumes {
 		cachetest.Attach(a, v)
@@ -118,7 +119,7 @@ func BenchmarkActualStateSetNode(b *testing.B) {
 	info, _ := a.Node(cachetest.Node(42))
 	b.ReportAllocs()
 	for b.Loop() {
-		if keys, _ := a.SetNode(cachetest.Node(42), info); len(keys) != 0 {
+		if keys, _ := a.SetNode(cachetest.Node(42), info, time.Time{}); len(keys) != 0 {
 			b.Fatalf("unchanged node touched %v", keys)
 		}
 	}

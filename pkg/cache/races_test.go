@@ -14,9 +14,9 @@ func TestSetNodeIgnoresOlderVersions(t *testing.T) {
 	a := NewActualState()
 	a.Update(k(volA, "n1"), true, func(at *Attachment) { at.State = Attached })
 	mounted := NodeInfo{Managed: true, Ready: true, ResourceVersion: "20", InUse: map[volume.Name]bool{volA: true}}
-	a.SetNode("n1", mounted)
+	a.SetNode("n1", mounted, time.Time{})
 	older := NodeInfo{Managed: true, Ready: true, ResourceVersion: "19", InUse: map[volume.Name]bool{}}
-	if keys, _ := a.SetNode("n1", older); keys != nil {
+	if keys, _ := a.SetNode("n1", older, time.Time{}); keys != nil {
 		t.Errorf("older version touched %v", keys)
 	}
 	if n, _ := a.Node("n1"); !n.InUse[volA] || n.ResourceVersion != "20" {
@@ -26,7 +26,7 @@ func TestSetNodeIgnoresOlderVersions(t *testing.T) {
 		t.Error("Stale does not tell an older version from a newer or unknown one")
 	}
 	newer := NodeInfo{Managed: true, Ready: true, ResourceVersion: "21", InUse: map[volume.Name]bool{}}
-	if keys, _ := a.SetNode("n1", newer); len(keys) != 1 {
+	if keys, _ := a.SetNode("n1", newer, time.Time{}); len(keys) != 1 {
 		t.Errorf("newer version touched %v, want the unmounted key", keys)
 	}
 }
@@ -39,17 +39,17 @@ func TestSetNodeIgnoresOlderVersions(t *testing.T) {
 func TestSetNodeIgnoresVersionsOlderThanTheDeletion(t *testing.T) {
 	a := NewActualState()
 	a.Update(k(volA, "n1"), true, func(at *Attachment) { at.State = Attached })
-	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, ResourceVersion: "20", UID: "uid-1"})
+	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, ResourceVersion: "20", UID: "uid-1"}, time.Time{})
 	a.DeleteNode("n1", true, time.Time{})
 	answer := NodeInfo{Ready: true, ResourceVersion: "19", UID: "uid-1"}
-	if keys, _ := a.SetNode("n1", answer); keys != nil {
+	if keys, _ := a.SetNode("n1", answer, time.Time{}); keys != nil {
 		t.Errorf("version older than the deletion touched %v", keys)
 	}
 	if n, _ := a.Node("n1"); n.Exists || !n.Managed {
 		t.Errorf("node %+v after an answer older than its deletion: want it gone, as last seen (managed)", n)
 	}
 	again := NodeInfo{Managed: true, Ready: true, ResourceVersion: "21", UID: "uid-2"}
-	if keys, _ := a.SetNode("n1", again); len(keys) != 1 {
+	if keys, _ := a.SetNode("n1", again, time.Time{}); len(keys) != 1 {
 		t.Errorf("node created again touched %v, want its attachment", keys)
 	}
 	if n, _ := a.Node("n1"); !n.Exists || n.UID != "uid-2" {
@@ -63,7 +63,7 @@ func TestSetNodeIgnoresVersionsOlderThanTheDeletion(t *testing.T) {
 func TestDeletedNodeWithoutItsFinalStateMayHaveAnythingMounted(t *testing.T) {
 	for _, final := range []bool{true, false} {
 		a := NewActualState()
-		a.SetNode("n1", NodeInfo{Managed: true, Ready: true, InUse: map[volume.Name]bool{}})
+		a.SetNode("n1", NodeInfo{Managed: true, Ready: true, InUse: map[volume.Name]bool{}}, time.Time{})
 		a.Update(k(volA, "n1"), true, func(at *Attachment) { at.State = Attached })
 		if keys := a.DeleteNode("n1", final, time.Time{}); len(keys) != 1 {
 			t.Errorf("final=%v: DeleteNode touched %v, want the attachment", final, keys)

@@ -107,7 +107,7 @@ func TestAttachPending(t *testing.T) {
 // is not gone.
 func TestNodeGoneOfTheObjectTheWriteBeganOn(t *testing.T) {
 	a := NewActualState()
-	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, UID: "first"})
+	a.SetNode("n1", NodeInfo{Managed: true, Ready: true, UID: "first"}, time.Time{})
 	a.Update(k(volA, "n1"), true, set(Attachment{State: Attached}))
 	if keys := a.NodeGone("n1", "second", time.Time{}); keys != nil {
 		t.Errorf("NodeGone of another object touched %v", keys)

@@ -15,10 +15,10 @@ func TestZoneLookAtAnEarlierTimeDoesNotUndoARecovery(t *testing.T) {
 	wait := 6 * time.Minute
 	rule := atLeast3(wait)
 	a := NewActualState()
-	a.SetNode("a0", NodeInfo{Zone: "a", Ready: false, Managed: true})
+	a.SetNode("a0", NodeInfo{Zone: "a", Ready: false, Managed: true}, time.Time{})
 	a.Update(Key{Volume: volA, Node: "a0"}, true, func(*Attachment) {})
 	for _, n := range []string{"a1", "a2"} {
-		a.SetNode(n, NodeInfo{Zone: "a", Ready: true, Managed: true})
+		a.SetNode(n, NodeInfo{Zone: "a", Ready: true, Managed: true}, time.Time{})
 		a.DeleteNode(n, true, t0)
 	}
 	if changes, _, _ := a.AnnounceZones(t0, rule); len(changes) != 1 || !changes[0].Disrupted {

@@ -21,7 +21,7 @@ func TestZoneHealth(t *testing.T) {
 	wait := 6 * time.Minute
 	a := NewActualState()
 	node := func(name, zone string, ready, managed bool) {
-		a.SetNode(name, NodeInfo{Zone: zone, Ready: ready, Managed: managed})
+		a.SetNode(name, NodeInfo{Zone: zone, Ready: ready, Managed: managed}, time.Time{})
 	}
 	node("a1", "a", true, true)
 	node("a2", "a", false, true)
@@ -77,9 +77,9 @@ func TestUnknownZoneCountsEverywhere(t *testing.T) {
 	rule := atLeast3(wait)
 	a := NewActualState()
 	for i, ready := range []bool{false, false, true, true} {
-		a.SetNode(fmt.Sprintf("a%d", i), NodeInfo{Zone: "a", Ready: ready, Managed: true})
+		a.SetNode(fmt.Sprintf("a%d", i), NodeInfo{Zone: "a", Ready: ready, Managed: true}, time.Time{})
 	}
-	a.SetNode("b0", NodeInfo{Zone: "b", Ready: true, Managed: true})
+	a.SetNode("b0", NodeInfo{Zone: "b", Ready: true, Managed: true}, time.Time{})
 	for _, n := range []string{"x1", "x2"} {
 		a.Update(Key{Volume: volA, Node: n}, true, func(*Attachment) {})
 		if info, _ := a.Node(n); !info.Unread() {
@@ -114,11 +114,11 @@ func TestZoneRecoveryIsRecordedByTheLookThatSeesIt(t *testing.T) {
 	wait := 6 * time.Minute
 	rule := atLeast3(wait)
 	a := NewActualState()
-	a.SetNode("a0", NodeInfo{Zone: "a", Ready: false, Managed: true})
+	a.SetNode("a0", NodeInfo{Zone: "a", Ready: false, Managed: true}, time.Time{})
 	a.Update(Key{Volume: volA, Node: "a0"}, true, func(*Attachment) {})
 	for _, n := range []string{"a1", "a2"} {
-		a.SetNode(n, NodeInfo{Zone: "a", Ready: true, Managed: true})
-		a.SetNode(n, NodeInfo{Zone: "a", Ready: false, Managed: true, ResourceVersion: "2"})
+		a.SetNode(n, NodeInfo{Zone: "a", Ready: true, Managed: true}, time.Time{})
+		a.SetNode(n, NodeInfo{Zone: "a", Ready: false, Managed: true, ResourceVersion: "2"}, time.Time{})
 		a.DeleteNode(n, true, t0)
 	}
 	changes, n, _ := a.AnnounceZones(t0, rule)
@@ -148,12 +148,12 @@ func TestZoneLooksAtOnce(t *testing.T) {
 	for round := range 50 {
 		a := NewActualState()
 		for i := range 10 {
-			a.SetNode(fmt.Sprintf("a%d", i), NodeInfo{Zone: "a", Ready: true, Managed: true, ResourceVersion: "1"})
+			a.SetNode(fmt.Sprintf("a%d", i), NodeInfo{Zone: "a", Ready: true, Managed: true, ResourceVersion: "1"}, time.Time{})
 		}
 		var wg sync.WaitGroup
 		for i := range 10 {
 			wg.Go(func() {
-				a.SetNode(fmt.Sprintf("a%d", i), NodeInfo{Zone: "a", Ready: i%10 >= 4, Managed: true, ResourceVersion: "2"})
+				a.SetNode(fmt.Sprintf("a%d", i), NodeInfo{Zone: "a", Ready: i%10 >= 4, Managed: true, ResourceVersion: "2"}, time.Time{})
 				a.AnnounceZones(t0, rule)
 			})
 		}
@@ -164,7 +164,7 @@ func TestZoneLooksAtOnce(t *testing.T) {
 		}
 		for i := 4; i < 6; i++ {
 			wg.Go(func() {
-				a.SetNode(fmt.Sprintf("a%d", i), NodeInfo{Zone: "a", Ready: false, Managed: true, ResourceVersion: "3"})
+				a.SetNode(fmt.Sprintf("a%d", i), NodeInfo{Zone: "a", Ready: false, Managed: true, ResourceVersion: "3"}, time.Time{})
 				a.AnnounceZones(t0, rule)
 			})
 		}

@@ -131,7 +131,7 @@ func (c *Controller) setNode(ctx context.Context, name string, info cache.NodeIn
 	if written {
 		set = c.actual.SetNodeWritten
 	}
-	keys, turnedManaged := set(name, info)
+	keys, turnedManaged := set(name, info, c.clock.Now())
 	if turnedManaged {
 		keys = append(keys, c.desired.KeysOn(name)...)
 	}
@@ -178,6 +178,7 @@ func (c *Controller) podsOn(node string) []*v1.Pod {
 func NodeInfo(node *v1.Node) cache.NodeInfo {
 	info := cache.NodeInfo{Exists: true, ResourceVersion: node.ResourceVersion, UID: string(node.UID), InUse: map[volume.Name]bool{}}
 	info.Managed = managed(node)
+	info.Annotated = info.Managed
 	info.Zone = node.Labels[v1.LabelTopologyZone]
 	for _, c := range node.Status.Conditions {
 		if c.Type == v1.NodeReady {

@@ -104,8 +104,9 @@ func TestNodeGoneInARelistMayHaveAnythingMounted(t *testing.T) {
 // the answers of the controller's own status writes are the first to show
 // each state, and the informer, which relisted, shows neither change. The
 // node's pods marked unread meanwhile are read again: a volume no pod
-// wants any more is detached, instead of waiting forever for a read that
-// nothing queued.
+// wants any more is detached (once its kubelet has had time to report
+// what it mounted: reconciler.KubeletReportGrace), instead of waiting
+// forever for a read that nothing queued.
 func TestManagementSeenFirstInStatusAnswersLeavesNoPodUnread(t *testing.T) {
 	vols := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), va("claim-a", "h1", "node-1"),
 		csiPV("claim-b", "h2"), claim("claim-b"), va("claim-b", "h2", "node-1")}
@@ -132,6 +133,7 @@ func TestManagementSeenFirstInStatusAnswersLeavesNoPodUnread(t *testing.T) {
 	for f.c.Process(f.ctx, QueuePods) {
 	}
 	f.drain()
+	f.pastReportGrace()
 	if w := f.writes(); !slices.Contains(w, "delete volumeattachments "+volume.AttachmentName("h2", driver, "node-1")) {
 		k := cache.Key{Volume: volume.CSIName(driver, "h2"), Node: "node-1"}
 		t.Errorf("writes %v: pod-b's volume not detached: %v", w, f.c.reconciler.Decide(k, f.clock.Now()))

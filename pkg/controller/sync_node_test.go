@@ -229,7 +229,8 @@ func TestPodReadOnNodeGoingUnmanagedTakesNothingAway(t *testing.T) {
 
 // A node that becomes managed with a volume attached and a pod created
 // while it was not: the pod was read then, so the volume is wanted from the
-// first look, and an attachment no pod wants is detached.
+// first look, and an attachment no pod wants is detached (once its kubelet
+// has had time to report what it mounted: reconciler.KubeletReportGrace).
 func TestNodeBecomingManagedKeepsWhatItsPodsWant(t *testing.T) {
 	k := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
 	orphan := cache.Key{Volume: volume.CSIName(driver, "h9"), Node: "node-1"}
@@ -255,6 +256,7 @@ func TestNodeBecomingManagedKeepsWhatItsPodsWant(t *testing.T) {
 	}
 	f.checkNotUnwanted(k, "once the node is managed")
 	f.drain()
+	f.pastReportGrace()
 	for _, w := range f.writes() {
 		if strings.HasPrefix(w, "delete") && w != "delete volumeattachments "+volume.AttachmentName("h9", driver, "node-1") {
 			t.Errorf("write: %s, want only the orphan's detach", w)

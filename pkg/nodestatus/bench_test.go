@@ -2,6 +2,7 @@ package nodestatus_test
 
 import (
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 
@@ -29,7 +30,7 @@ func benchRecord(b *testing.B) (*cache.ActualState, *nodestatus.Record) {
 			inUse[name] = true
 			listed = append(listed, v1.AttachedVolume{Name: v1.UniqueVolumeName(name)})
 		}
-		a.SetNode(cachetest.Node(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: inUse})
+		a.SetNode(cachetest.Node(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: inUse}, time.Time{})
 		r.Recover(cachetest.Node(n), listed)
 	}
 	for v := range cachetest.Volumes {

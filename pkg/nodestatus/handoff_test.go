@@ -14,8 +14,8 @@ func TestHandOver(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	kA, kB, kC, kD := k(volA, "n1"), k(volB, "n1"), k(volC, "n2"), k(volD, "n2")
 	a := cache.NewActualState()
-	a.SetNode("n1", cache.NodeInfo{ResourceVersion: "1"})
-	a.SetNode("n2", cache.NodeInfo{ResourceVersion: "1"})
+	a.SetNode("n1", cache.NodeInfo{ResourceVersion: "1"}, time.Time{})
+	a.SetNode("n2", cache.NodeInfo{ResourceVersion: "1"}, time.Time{})
 	// A: attached and listed. B: withdrawn for a detach that has not
 	// started. C: its detach started (VolumeAttachment deleted). D: an
 	// attach under way.
@@ -103,7 +103,7 @@ func TestUnsettledLeavesOutDeletedNodes(t *testing.T) {
 func TestHandOverDuringAWrite(t *testing.T) {
 	kA := k(volA, "n1")
 	a := cache.NewActualState()
-	a.SetNode("n1", cache.NodeInfo{ResourceVersion: "1"})
+	a.SetNode("n1", cache.NodeInfo{ResourceVersion: "1"}, time.Time{})
 	a.Update(kA, true, set(cache.Attachment{State: cache.Attached}))
 	r := NewRecord(a)
 	r.Recover("n1", []v1.AttachedVolume{av(volA, "")})

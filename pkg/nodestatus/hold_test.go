@@ -61,7 +61,7 @@ func TestHold(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			a := cache.NewActualState()
-			a.SetNode("n1", cache.NodeInfo{Exists: true, ResourceVersion: "1"})
+			a.SetNode("n1", cache.NodeInfo{Exists: true, ResourceVersion: "1"}, time.Time{})
 			for _, at := range tt.attachments {
 				a.Update(at.Key, true, set(at))
 			}
@@ -94,7 +94,7 @@ func TestHoldLimit(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	const limit = time.Second
 	a := cache.NewActualState()
-	a.SetNode("n1", cache.NodeInfo{Exists: true, ResourceVersion: "1"})
+	a.SetNode("n1", cache.NodeInfo{Exists: true, ResourceVersion: "1"}, time.Time{})
 	a.Update(k(volA, "n1"), true, set(cache.Attachment{State: cache.Attached}))
 	r := NewRecord(a)
 	r.StartAttach("n1")

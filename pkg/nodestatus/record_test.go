@@ -29,7 +29,7 @@ func sameKeys(got, want []cache.Key) bool {
 // start).
 func newRecord(attachments []cache.Attachment, listed []v1.AttachedVolume) (*cache.ActualState, *Record) {
 	a := cache.NewActualState()
-	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true})
+	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true}, time.Time{})
 	for _, at := range attachments {
 		a.Update(at.Key, true, set(at))
 	}
@@ -338,7 +338,7 @@ func TestBeginDetachOfAVolumeNotOnRecord(t *testing.T) {
 func TestNodeGoneMountsUnknownUntilItsLastStateIsRead(t *testing.T) {
 	a := cache.NewActualState()
 	r := NewRecord(a)
-	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, InUse: map[volume.Name]bool{}})
+	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, InUse: map[volume.Name]bool{}}, time.Time{})
 	a.Update(k(volA, "n1"), true, func(at *cache.Attachment) { at.State = cache.Attached })
 	if _, changed := r.Begin("n1"); !changed {
 		t.Fatal("no write of the attached volume")
@@ -364,22 +364,22 @@ func TestNodeGoneMountsUnknownUntilItsLastStateIsRead(t *testing.T) {
 func TestNodeGoneAfterTheNodeCameBack(t *testing.T) {
 	a := cache.NewActualState()
 	r := NewRecord(a)
-	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, ResourceVersion: "10", UID: "first", InUse: map[volume.Name]bool{}})
+	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, ResourceVersion: "10", UID: "first", InUse: map[volume.Name]bool{}}, time.Time{})
 	a.Update(k(volA, "n1"), true, func(at *cache.Attachment) { at.State = cache.Attached })
 	if _, changed := r.Begin("n1"); !changed {
 		t.Fatal("no write of the attached volume")
 	}
 	// An update of the object deleted, read late: it is the one gone.
-	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, ResourceVersion: "11", UID: "first", InUse: map[volume.Name]bool{}})
+	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, ResourceVersion: "11", UID: "first", InUse: map[volume.Name]bool{}}, time.Time{})
 	if keys := r.NodeGone("n1", time.Time{}); len(keys) != 1 {
 		t.Errorf("NodeGone touched %v after a late update of the node deleted, want its attachment", keys)
 	}
 	// Created again; the new object is read before the write's answer.
-	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, ResourceVersion: "30", UID: "second", InUse: map[volume.Name]bool{}})
+	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, ResourceVersion: "30", UID: "second", InUse: map[volume.Name]bool{}}, time.Time{})
 	if _, changed := r.Begin("n1"); !changed {
 		t.Fatal("no write of the attached volume")
 	}
-	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, ResourceVersion: "40", UID: "third", InUse: map[volume.Name]bool{}})
+	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, ResourceVersion: "40", UID: "third", InUse: map[volume.Name]bool{}}, time.Time{})
 	if keys := r.NodeGone("n1", time.Time{}); len(keys) != 0 {
 		t.Errorf("NodeGone touched %v for a node read since the write began", keys)
 	}
@@ -396,12 +396,12 @@ func TestNodeGoneAfterTheNodeCameBack(t *testing.T) {
 // since confirms nothing (EndOn): the write counts as failed.
 func TestEndOnAReplacedNode(t *testing.T) {
 	a, r := newRecord([]cache.Attachment{{Key: k(volA, "n1"), State: cache.Attached}}, nil)
-	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, ResourceVersion: "10", UID: "old"})
+	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, ResourceVersion: "10", UID: "old"}, time.Time{})
 	written, changed := r.Begin("n1")
 	if !changed {
 		t.Fatal("no write of the attached volume")
 	}
-	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, ResourceVersion: "20", UID: "new"})
+	a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, ResourceVersion: "20", UID: "new"}, time.Time{})
 	if _, landed := r.EndOn("n1", "old", "", written); landed {
 		t.Error("EndOn of the replaced object: landed, want not")
 	}
@@ -552,7 +552,7 @@ func TestStatusChangedDuringAWriteIsWrittenAgain(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			a := cache.NewActualState()
 			r := NewRecord(a)
-			a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, UID: "u1", ResourceVersion: "4"})
+			a.SetNode("n1", cache.NodeInfo{Managed: true, Ready: true, UID: "u1", ResourceVersion: "4"}, time.Time{})
 			a.Update(k(volA, "n1"), true, func(at *cache.Attachment) { at.State = cache.Attached })
 			want, changed := r.Begin("n1")
 			if !changed || len(want) != 1 {

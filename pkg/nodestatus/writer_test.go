@@ -68,14 +68,14 @@ func newFixture(t *testing.T, nodes []*v1.Node, attachments []cache.Attachment, 
 		})
 	}
 	actual := cache.NewActualState()
-	actual.SetNode(node, cache.NodeInfo{Managed: true, Ready: true})
+	actual.SetNode(node, cache.NodeInfo{Managed: true, Ready: true}, time.Time{})
 	for _, a := range attachments {
 		actual.Update(a.Key, true, func(at *cache.Attachment) { *at = a })
 	}
 	record := NewRecord(actual)
 	record.Recover(node, listed)
 	setNode := func(_ context.Context, n *v1.Node) []cache.Key {
-		keys, _ := actual.SetNode(n.Name, testFacts(n))
+		keys, _ := actual.SetNode(n.Name, testFacts(n), time.Time{})
 		return keys
 	}
 	return &fixture{client: client, actual: actual, record: record, writer: NewWriter(client, record, setNode)}
@@ -292,9 +292,9 @@ func TestWriterWriteLandedOnReplacedNode(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	// The write begins while the controller knows the old object; the
 	// new one is read before the answer comes.
-	f.actual.SetNode(node, cache.NodeInfo{Managed: true, Ready: true, UID: "old", ResourceVersion: "10"})
+	f.actual.SetNode(node, cache.NodeInfo{Managed: true, Ready: true, UID: "old", ResourceVersion: "10"}, time.Time{})
 	f.client.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
-		f.actual.SetNode(node, cache.NodeInfo{Managed: true, Ready: true, UID: "new", ResourceVersion: "20"})
+		f.actual.SetNode(node, cache.NodeInfo{Managed: true, Ready: true, UID: "new", ResourceVersion: "20"}, time.Time{})
 		return false, nil, nil
 	})
 	if _, _, err := f.writer.Sync(ctx, node); err == nil {

@@ -45,7 +45,7 @@ func benchWorld(b *testing.B) (*reconciler.Reconciler, *cache.DesiredState, *cac
 	desired, actual := cache.NewDesiredState(), cache.NewActualState()
 	status := nodestatus.NewRecord(actual)
 	for n := range cachetest.Nodes + 1 {
-		actual.SetNode(cachetest.Node(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: map[volume.Name]bool{}})
+		actual.SetNode(cachetest.Node(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: map[volume.Name]bool{}}, time.Time{})
 	}
 	attach := func(v int) {
 		cachetest.Attach(actual, v)

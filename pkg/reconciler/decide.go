@@ -34,6 +34,12 @@ const (
 	// read from the API (or, for an in-tree volume, the volume is attached
 	// again), and recorded.
 	Settle Action = "settle"
+	// Confirm: no pod wants the volume on a node that is not Ready, or is
+	// gone, where its attachment has an unknown outcome and no
+	// VolumeAttachment of it was seen: whether one exists is read from the
+	// API; none, nothing is attached there, and the record goes, with no
+	// wait for the max wait for unmount.
+	Confirm Action = "confirm"
 )
 
 // Force reasons, as the forced detach metric labels them.
@@ -108,6 +114,9 @@ func (r *Reconciler) Decide(k cache.Key, now time.Time) Decision {
 			return d.with(Wait, "a detach from node %s started; waiting for node status to stop listing the volume", k.Node)
 		}
 		if wait := r.detachRules(&d, node, now); wait != "" {
+			if unseenOnUnhealthyNode(d.Attachment, node) {
+				return d.with(Confirm, "a detach from node %s started and did not finish, and no VolumeAttachment of it is seen: reading from the API whether one exists (none: nothing to detach); else %s", k.Node, wait)
+			}
 			return d.with(Wait, "a detach from node %s started and did not finish; %s", k.Node, wait)
 		}
 		return d.with(Detach, "finishing the detach from node %s that started", k.Node)
@@ -214,6 +223,9 @@ func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time
 		return d.with(Wait, "detach in progress")
 	}
 	if wait := r.detachRules(&d, node, now); wait != "" {
+		if d.Attachment.State == cache.Uncertain && unseenOnUnhealthyNode(d.Attachment, node) {
+			return d.with(Confirm, "attach of unknown outcome, no VolumeAttachment of it seen: reading from the API whether one exists (none: nothing to detach); else %s", wait)
+		}
 		return d.with(Wait, "%s", wait)
 	}
 	if !d.Attachment.Withdrawn {
@@ -225,6 +237,27 @@ func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time
 		return d.with(Wait, "waiting for node %s status to stop listing the volume before the detach", k.Node)
 	}
 	return d.with(Detach, "no pod wants it")
+}
+
+// unseenOnUnhealthyNode reports whether a is a CSI attachment, not being
+// detached, no VolumeAttachment of which is seen (an attach whose object
+// was never shown, or whose object a third party deleted before a create
+// again failed; one known from node status alone after a restart; a detach
+// whose object went), on a node that is not Ready or is gone, so that the
+// detach rules would hold it for the max wait for unmount. A detach would
+// only delete its VolumeAttachment, if there is one: the external-attacher
+// unpublishes the volume before it lets a VolumeAttachment go (its
+// finalizer), so when the API has none there, the volume is not attached
+// there, and waiting protects nothing; it only keeps a single-node volume
+// from a pod on another node for as long. The API is asked (Confirm): the
+// informer may not show an object yet (a create whose answer was lost).
+// An in-tree attachment has no object to ask about: it waits.
+func unseenOnUnhealthyNode(a cache.Attachment, node cache.NodeInfo) bool {
+	kind := a.Kind
+	if kind == "" {
+		kind = kindOfName(a.Volume)
+	}
+	return kind == volume.KindCSI && a.State != cache.Detaching && a.AttachmentUID == "" && !node.Healthy() && !node.Unread()
 }
 
 // Wanted reports whether some pod on k's node wants the volume k names,

@@ -77,7 +77,7 @@ func TestSingleNodeAttachIsExclusiveAcrossWorkers(t *testing.T) {
 			_, ctx := ktesting.NewTestContext(t)
 			desired, actual := cache.NewDesiredState(), cache.NewActualState()
 			for _, n := range []string{node1, node2} {
-				actual.SetNode(n, cache.NodeInfo{Managed: true, Ready: true})
+				actual.SetNode(n, cache.NodeInfo{Managed: true, Ready: true}, time.Time{})
 			}
 			desired.SetPod(podA, node1, []*volume.Spec{tc.spec})
 			desired.SetPod(podB, node2, []*volume.Spec{tc.other})

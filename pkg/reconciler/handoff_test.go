@@ -92,8 +92,8 @@ func TestHandoffFinishesAnUnconfirmedAttachWhilePodsAreRead(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			_, ctx := ktesting.NewTestContext(t)
 			desired, actual := cache.NewDesiredState(), cache.NewActualState()
-			actual.SetNode(node1, cache.NodeInfo{Managed: true, Ready: true})
-			actual.SetNode(node2, cache.NodeInfo{Managed: true, Ready: true})
+			actual.SetNode(node1, cache.NodeInfo{Managed: true, Ready: true}, time.Time{})
+			actual.SetNode(node2, cache.NodeInfo{Managed: true, Ready: true}, time.Time{})
 			k := key(specA, node1)
 			actual.Update(k, true, func(a *cache.Attachment) {
 				a.State, a.Kind, a.Spec, a.AttachError = cache.Uncertain, specA.Kind, specA, "create failed"
@@ -133,10 +133,12 @@ func TestHandoffFinishesADetachThatBeganOnceItMay(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	clk := clocktesting.NewFakePassiveClock(t0)
 	desired, actual := cache.NewDesiredState(), cache.NewActualState()
-	actual.SetNode(node1, cache.NodeInfo{Managed: true, InUse: map[volume.Name]bool{specA.Name: true}})
+	actual.SetNode(node1, cache.NodeInfo{Managed: true, InUse: map[volume.Name]bool{specA.Name: true}}, time.Time{})
 	k := key(specA, node1)
 	actual.Update(k, true, func(a *cache.Attachment) {
 		a.State, a.Kind, a.Spec = cache.Attached, specA.Kind, specA
+		// Its VolumeAttachment is seen: there is something to detach.
+		a.AttachmentName, a.AttachmentUID = vaNameA, "uid-va"
 		a.Withdrawn, a.DetachWanted, a.DetachStarted, a.DetachError = true, t0, t0, "timeout"
 	})
 	m := &countingMechanism{}

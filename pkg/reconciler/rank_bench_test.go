@@ -21,7 +21,7 @@ func rankWorld(b *testing.B) (*Reconciler, *cache.DesiredState, *cache.ActualSta
 	desired, actual := cache.NewDesiredState(), cache.NewActualState()
 	status := nodestatus.NewRecord(actual)
 	for n := range cachetest.Nodes + 1 {
-		actual.SetNode(cachetest.Node(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: map[volume.Name]bool{}})
+		actual.SetNode(cachetest.Node(n), cache.NodeInfo{Exists: true, Managed: true, Ready: true, InUse: map[volume.Name]bool{}}, time.Time{})
 	}
 	for v := range cachetest.Volumes {
 		desired.SetPod(cachetest.Pod(v), cachetest.Node(v/cachetest.PerNode), []*volume.Spec{cachetest.Spec(v)})
@@ -78,7 +78,7 @@ func BenchmarkRankSharedVolume(b *testing.B) {
 				Driver: "d.example.com", VolumeHandle: "shared", PVName: "pv-shared"}
 			for i := range n {
 				node := fmt.Sprintf("node-%05d", i)
-				actual.SetNode(node, cache.NodeInfo{Exists: true, Managed: true, Ready: true})
+				actual.SetNode(node, cache.NodeInfo{Exists: true, Managed: true, Ready: true}, time.Time{})
 				actual.Update(cache.Key{Volume: spec.Name, Node: node}, true, func(a *cache.Attachment) {
 					a.State, a.Kind, a.Spec = cache.Attached, volume.KindCSI, spec
 				})

@@ -47,7 +47,7 @@ func TestRankOfAMoveUnderEveryName(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, Config{MaxWaitForUnmount: time.Minute})
 			for _, n := range []string{node1, node2} {
-				e.actual.SetNode(n, cache.NodeInfo{Managed: true, Exists: true, Ready: true})
+				e.actual.SetNode(n, cache.NodeInfo{Managed: true, Exists: true, Ready: true}, time.Time{})
 			}
 			old, moved := key(tc.old, node1), key(tc.new, node2)
 			e.actual.Update(old, true, func(a *cache.Attachment) {
@@ -105,7 +105,7 @@ func TestRankOfAMoveUnderEveryName(t *testing.T) {
 func TestRankOfAConflictThatNeverEnds(t *testing.T) {
 	e := newEnv(t, Config{MaxWaitForUnmount: time.Minute})
 	for _, n := range []string{node1, node2} {
-		e.actual.SetNode(n, cache.NodeInfo{Managed: true, Exists: true, Ready: true, InUse: map[volume.Name]bool{specA.Name: true}})
+		e.actual.SetNode(n, cache.NodeInfo{Managed: true, Exists: true, Ready: true, InUse: map[volume.Name]bool{specA.Name: true}}, time.Time{})
 	}
 	holder, loser := key(specA, node1), key(specA, node2)
 	e.actual.Update(holder, true, func(a *cache.Attachment) {
@@ -146,7 +146,7 @@ func TestRankOfAConflictThatNeverEnds(t *testing.T) {
 func TestRankAfterARestartMidMove(t *testing.T) {
 	desired, actual := cache.NewDesiredState(), cache.NewActualState()
 	for _, n := range []string{node1, node2} {
-		actual.SetNode(n, cache.NodeInfo{Managed: true, Exists: true, Ready: true})
+		actual.SetNode(n, cache.NodeInfo{Managed: true, Exists: true, Ready: true}, time.Time{})
 	}
 	desired.SetPod(podB, node2, []*volume.Spec{specA})
 	r := New(desired, actual, nodestatus.NewRecord(actual), nil, nil, nil, Config{MaxWaitForUnmount: time.Minute})
@@ -202,7 +202,7 @@ func TestRankOfASharedVolumeDoesNotGrowWithItsNodes(t *testing.T) {
 		desired, actual := cache.NewDesiredState(), cache.NewActualState()
 		for i := range n {
 			node := nodeName(i)
-			actual.SetNode(node, cache.NodeInfo{Exists: true, Managed: true, Ready: true})
+			actual.SetNode(node, cache.NodeInfo{Exists: true, Managed: true, Ready: true}, time.Time{})
 			actual.Update(key(specX, node), true, func(a *cache.Attachment) { a.State, a.Kind, a.Spec = cache.Attached, specX.Kind, specX })
 			if i > 0 {
 				desired.SetPod(cache.PodRef{Namespace: "ds", Name: node, UID: node}, node, []*volume.Spec{specX})

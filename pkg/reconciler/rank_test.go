@@ -43,7 +43,7 @@ func TestRank(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			desired, actual := cache.NewDesiredState(), cache.NewActualState()
 			for _, n := range []string{node1, node2} {
-				actual.SetNode(n, cache.NodeInfo{Managed: true, Exists: true, Ready: true})
+				actual.SetNode(n, cache.NodeInfo{Managed: true, Exists: true, Ready: true}, time.Time{})
 			}
 			want := tc.spec
 			if tc.wantedOn != "" {
@@ -80,7 +80,7 @@ func TestRank(t *testing.T) {
 func TestRankThroughAMove(t *testing.T) {
 	e := newEnv(t, Config{MaxWaitForUnmount: time.Minute})
 	for _, n := range []string{node1, node2} {
-		e.actual.SetNode(n, cache.NodeInfo{Managed: true, Exists: true, Ready: true})
+		e.actual.SetNode(n, cache.NodeInfo{Managed: true, Exists: true, Ready: true}, time.Time{})
 	}
 	ctx := context.Background()
 	old, moved, fresh := key(specA, node1), key(specA, node2), key(specB, node2)

@@ -41,7 +41,9 @@ type Mechanism interface {
 	// outcome is unknown (its call failed, or raced another delete), for a
 	// pod on a's node that wants the volume (spec) again: from what the
 	// API shows now, or, where nothing shows it, by attaching the volume
-	// again. It never detaches.
+	// again. It never detaches. The CSI mechanism only reads: it also
+	// says whether the VolumeAttachment of an attachment of unknown
+	// outcome exists (Confirm; spec nil).
 	Settle(ctx context.Context, a cache.Attachment, spec *volume.Spec) (Settled, error)
 }
 
@@ -314,6 +316,8 @@ func (r *Reconciler) act(ctx context.Context, d Decision, now time.Time, again b
 		return r.detach(ctx, d, now)
 	case Settle:
 		return r.settleDetach(ctx, d, now, again)
+	case Confirm:
+		return r.confirmGone(ctx, d, now)
 	}
 	return Result{}, fmt.Errorf("unknown action %q", d.Action)
 }
@@ -621,6 +625,44 @@ func (r *Reconciler) settleDetach(ctx context.Context, d Decision, now time.Time
 		return Result{Wake: []cache.Key{k}}, nil
 	}
 	return r.act(ctx, r.Decide(k, now), now, false)
+}
+
+// confirmGone reads from the API whether the VolumeAttachment of d's
+// attachment exists (the CSI mechanism's Settle, which only reads). Gone,
+// nothing is attached there: the record goes, as after a detach that
+// completed within the call, and the volume's keys on other nodes are
+// synced again; nothing was detached, so no detach is counted. There, the
+// wait d stands for goes on (its timer, the max wait for unmount), and the
+// object's events say more. An attach of unknown outcome is never
+// reported, but one known from node status alone after a restart is
+// listed there, as upstream lists what it recovers.
+func (r *Reconciler) confirmGone(ctx context.Context, d Decision, now time.Time) (Result, error) {
+	logger := klog.FromContext(ctx)
+	k, a := d.Key, d.Attachment
+	mech, ok := r.mechanisms[volume.KindCSI]
+	if !ok {
+		return Result{}, fmt.Errorf("no mechanism reads volumes of kind %q", volume.KindCSI)
+	}
+	s, err := mech.Settle(ctx, a, nil)
+	if err != nil {
+		r.markDetachWanted(d, now)
+		return Result{}, fmt.Errorf("read the VolumeAttachment of %s on node %s: %w", a.Volume, a.Node, err)
+	}
+	if !s.Detached {
+		logger.V(2).Info("A VolumeAttachment of the volume exists: the detach waits", "reason", d.Reason)
+		r.markDetachWanted(d, now)
+		return Result{RequeueAfter: d.After}, nil
+	}
+	if !r.actual.DeleteUnchanged(k, a) {
+		// The record changed during the call: decided again.
+		return Result{Wake: []cache.Key{k}}, nil
+	}
+	logger.V(2).Info("No VolumeAttachment of the volume exists on the node: nothing is attached there, nothing to detach", "reason", d.Reason)
+	r.forget(k)
+	// Node status may still list it (recovered from there after a
+	// restart): it is written again. kubelet can't mount it meanwhile:
+	// its CSI plugin waits for the VolumeAttachment to say attached.
+	return Result{Detached: true, Wake: r.WantedUnderOtherNames(a), WriteNodeStatus: r.status.Pending(k)}, nil
 }
 
 // WantedUnderOtherNames returns the keys that want the volume of a, gone

@@ -1028,7 +1028,7 @@ func TestSync(t *testing.T) {
 				nodes = map[string]cache.NodeInfo{node1: ready, node2: ready}
 			}
 			for name, info := range nodes {
-				e.actual.SetNode(name, info)
+				e.actual.SetNode(name, info, time.Time{})
 			}
 			for _, a := range tt.attachments {
 				e.actual.Update(a.Key, true, func(at *cache.Attachment) { *at = a.Attachment })
@@ -1148,7 +1148,7 @@ func TestDecideReasons(t *testing.T) {
 				nodes = map[string]cache.NodeInfo{node1: {Managed: true, Ready: true}, node2: {Managed: true, Ready: true}}
 			}
 			for n, info := range nodes {
-				e.actual.SetNode(n, info)
+				e.actual.SetNode(n, info, time.Time{})
 			}
 			if a := tt.attachment; a != nil {
 				e.actual.Update(a.Key, true, func(at *cache.Attachment) { *at = *a })
@@ -1171,7 +1171,7 @@ func TestDecideReasons(t *testing.T) {
 // the call created is in no cache yet.
 func TestSyncingCountsSyncsUnderWay(t *testing.T) {
 	e := newEnv(t, Config{MaxWaitForUnmount: 6 * time.Minute})
-	e.actual.SetNode(node1, cache.NodeInfo{Managed: true, Ready: true})
+	e.actual.SetNode(node1, cache.NodeInfo{Managed: true, Ready: true}, time.Time{})
 	e.desired.SetPod(podA, node1, []*volume.Spec{specA})
 	e.attach[specA.Name] = attachReply{res: AttachResult{AttachmentName: "csi-a"}}
 	during := -1
@@ -1203,7 +1203,7 @@ func TestAttachCallHoldsNodeStatus(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t, Config{MaxWaitForUnmount: 6 * time.Minute})
-			e.actual.SetNode(node1, cache.NodeInfo{Managed: true, Ready: true})
+			e.actual.SetNode(node1, cache.NodeInfo{Managed: true, Ready: true}, time.Time{})
 			// B is attached and not in node status yet.
 			e.actual.Update(key(specB, node1), true, func(a *cache.Attachment) { a.State, a.Spec = cache.Attached, specB })
 			e.desired.SetPod(podA, node1, []*volume.Spec{specA})

@@ -50,9 +50,17 @@ type Verdict struct {
 // A forced detach by timeout is held while the node's zone is disrupted
 // (ZoneDisrupted; zone is asked only then): the wait then ends with the
 // zone's next expiring deletion, or with a change of its nodes. Once the
-// zone recovers, its nodes get the max wait again from then.
+// zone recovers, its nodes get the max wait again from then. So does a
+// node that is managed again (managedAgain).
 func safeToDetach(k cache.Key, node cache.NodeInfo, wanted, now time.Time, cfg Config, zone func() cache.ZoneHealth) Verdict {
+	if node.ManagedAgain.After(wanted) {
+		wanted = node.ManagedAgain
+	}
 	if !node.Mounted(k.Volume) {
+		if left := unreportedMounts(node, now); left > 0 {
+			return Verdict{After: left, Wait: fmt.Sprintf("node %s is managed again since %s: what its kubelet mounted while it attached volumes by itself is in volumesInUse only from its next status update; detach in %s unless it reports the volume in use",
+				k.Node, now.Sub(node.ManagedAgain).Round(time.Second), left.Round(time.Second))}
+		}
 		return Verdict{}
 	}
 	if node.OutOfService {
@@ -92,6 +100,41 @@ func safeToDetach(k cache.Key, node cache.NodeInfo, wanted, now time.Time, cfg C
 			k.Node, since.Round(time.Second), left.Round(time.Second))}
 	}
 	return Verdict{Force: ForceTimeout}
+}
+
+// KubeletReportGrace is how long, after a node is managed again
+// (cache.NodeInfo.ManagedAgain), its volumesInUse is not taken to list
+// every volume its kubelet has mounted: kubelet writes it at its node
+// status updates (nodeStatusUpdateFrequency, 10 s by default), and the
+// update that lists a mount may reach the controller some seconds after it
+// was written. Twice the status cycle and a margin for the watch.
+const KubeletReportGrace = 30 * time.Second
+
+// unreportedMounts enforces "a node managed again may have mounted what it
+// has not reported": while its kubelet attached volumes by itself (the
+// node without the controller-managed annotation), it mounted each as soon
+// as it was attached, with no wait for volumesInUse to list it, and it
+// reports the mount only at its next node status update. A node view
+// written before that update (the annotation put back, by an admin or by
+// the kubelet restarted with controller attach/detach, is written first)
+// shows the volume not in use: taken at its word, with the pod that mounts
+// it not read yet, the volume would be detached from under the pod. So,
+// for KubeletReportGrace after the node is managed again, a volume it
+// does not list in use counts as possibly mounted; the wait ends with the
+// grace, or as soon as the node lists it (then the mount rules apply). It
+// returns how long is left (0: nothing to wait for). Not on a node with
+// the out-of-service taint, whose volumes go at once anyway.
+//
+// kube-controller-manager takes every attachment it learns of as mounted
+// until a node update says otherwise (actual_state_of_world.go:
+// mountedByNode) and reads the node again before each detach; it never
+// learns of the VolumeAttachments a kubelet created by itself, which it
+// leaves attached for good.
+func unreportedMounts(node cache.NodeInfo, now time.Time) time.Duration {
+	if node.ManagedAgain.IsZero() || node.OutOfService {
+		return 0
+	}
+	return max(0, node.ManagedAgain.Add(KubeletReportGrace).Sub(now))
 }
 
 // ZoneDisrupted enforces "a partition is not a mass death": when many
@@ -173,6 +216,9 @@ func handoffContinues(d Decision) bool {
 	case Settle:
 		// Of a detach that began: its outcome is settled, never left
 		// ambiguous.
+		return true
+	case Confirm:
+		// It only reads, and forgets an attachment that is not there.
 		return true
 	}
 	return false

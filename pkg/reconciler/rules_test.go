@@ -150,6 +150,56 @@ func TestSafeToDetachDeletedNode(t *testing.T) {
 	}
 }
 
+// A node managed again (its kubelet attached volumes by itself until then):
+// a volume it does not list in use may be mounted and not reported yet, so
+// it is not detached before KubeletReportGrace; and a volume it lists in
+// use gets the max wait for unmount afresh, counted from then, since what
+// pods wanted there did not count meanwhile.
+func TestSafeToDetachOnANodeManagedAgain(t *testing.T) {
+	k := key(specA, node1)
+	inUse := map[volume.Name]bool{specA.Name: true}
+	cfg := Config{MaxWaitForUnmount: 90 * time.Second}
+	// Managed again 5 minutes after the detach was first wanted (t0).
+	again := t0.Add(5 * time.Minute)
+	tests := []struct {
+		name      string
+		node      cache.NodeInfo
+		since     time.Duration // since the node is managed again
+		wantForce string
+		wantAfter time.Duration
+		wantWait  string // "": may detach
+	}{
+		{name: "not listed, just now", node: cache.NodeInfo{Seen: true, Exists: true, Ready: true, ManagedAgain: again},
+			wantAfter: KubeletReportGrace,
+			wantWait:  "node node-1 is managed again since 0s: what its kubelet mounted while it attached volumes by itself is in volumesInUse only from its next status update; detach in 30s unless it reports the volume in use"},
+		{name: "not listed, 20s later", node: cache.NodeInfo{Seen: true, Exists: true, Ready: true, ManagedAgain: again}, since: 20 * time.Second,
+			wantAfter: 10 * time.Second,
+			wantWait:  "node node-1 is managed again since 20s: what its kubelet mounted while it attached volumes by itself is in volumesInUse only from its next status update; detach in 10s unless it reports the volume in use"},
+		{name: "not listed, not ready, just now", node: cache.NodeInfo{Seen: true, Exists: true, ManagedAgain: again}, since: time.Second,
+			wantAfter: KubeletReportGrace - time.Second,
+			wantWait:  "node node-1 is managed again since 1s: what its kubelet mounted while it attached volumes by itself is in volumesInUse only from its next status update; detach in 29s unless it reports the volume in use"},
+		{name: "not listed, after the grace", node: cache.NodeInfo{Seen: true, Exists: true, Ready: true, ManagedAgain: again}, since: KubeletReportGrace},
+		{name: "not listed, out of service, just now", node: cache.NodeInfo{Seen: true, Exists: true, Ready: true, OutOfService: true, ManagedAgain: again}},
+		{name: "listed, ready", node: cache.NodeInfo{Seen: true, Exists: true, Ready: true, InUse: inUse, ManagedAgain: again}, since: time.Hour,
+			wantWait: "still mounted on node node-1 (in node.status.volumesInUse); waiting for kubelet to unmount it"},
+		{name: "listed, not ready: the max wait from the node managed again", node: cache.NodeInfo{Seen: true, Exists: true, InUse: inUse, ManagedAgain: again},
+			since: time.Minute, wantAfter: 30 * time.Second,
+			wantWait: "still mounted on unhealthy node node-1; forced detach in 30s unless it is unmounted"},
+		{name: "listed, not ready, the max wait over since managed again", node: cache.NodeInfo{Seen: true, Exists: true, InUse: inUse, ManagedAgain: again},
+			since: 90 * time.Second, wantForce: ForceTimeout},
+		{name: "listed, out of service", node: cache.NodeInfo{Seen: true, Exists: true, InUse: inUse, OutOfService: true, ManagedAgain: again},
+			wantForce: ForceOutOfService},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := safeToDetach(k, tt.node, t0, again.Add(tt.since), cfg, noZone)
+			if v.Force != tt.wantForce || v.After != tt.wantAfter || v.Wait != tt.wantWait {
+				t.Errorf("safeToDetach = %q, %v, %q; want %q, %v, %q", v.Force, v.After, v.Wait, tt.wantForce, tt.wantAfter, tt.wantWait)
+			}
+		})
+	}
+}
+
 func TestSingleNodeAccessConflict(t *testing.T) {
 	migrated := &volume.Spec{Name: ebsCSI, Aliases: []volume.Name{ebsInTree}, Kind: volume.KindCSI, SingleNode: true}
 	tests := []struct {
@@ -286,7 +336,7 @@ func TestUncertainAttachNotRetriedWhileHeldElsewhere(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			desired, actual := cache.NewDesiredState(), cache.NewActualState()
 			for _, n := range []string{node1, node2} {
-				actual.SetNode(n, cache.NodeInfo{Managed: true, Ready: true})
+				actual.SetNode(n, cache.NodeInfo{Managed: true, Ready: true}, time.Time{})
 			}
 			desired.SetPod(podA, node1, []*volume.Spec{specA})
 			actual.Update(key(specA, node1), true, func(a *cache.Attachment) {
@@ -327,7 +377,7 @@ func TestSafeToDetachAfterTheZoneRecovered(t *testing.T) {
 func TestStartedDetachStaysWithdrawn(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	desired, actual := cache.NewDesiredState(), cache.NewActualState()
-	actual.SetNode(node1, cache.NodeInfo{Exists: true, Ready: true})
+	actual.SetNode(node1, cache.NodeInfo{Exists: true, Ready: true}, time.Time{})
 	desired.SetPod(podA, node1, []*volume.Spec{specA})
 	actual.Update(key(specA, node1), true, func(a *cache.Attachment) {
 		a.Kind, a.State, a.Withdrawn, a.DetachStarted = volume.KindCSI, cache.Attached, true, time.Now()
@@ -366,7 +416,7 @@ func (m detachSwap) Detach(_ context.Context, a cache.Attachment) (bool, error) 
 func TestLateDetachAnswerLeavesANewObjectAlone(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	desired, actual := cache.NewDesiredState(), cache.NewActualState()
-	actual.SetNode(node1, cache.NodeInfo{Exists: true, Managed: true, Ready: true, Seen: true})
+	actual.SetNode(node1, cache.NodeInfo{Exists: true, Managed: true, Ready: true, Seen: true}, time.Time{})
 	k := key(specA, node1)
 	actual.Update(k, true, func(a *cache.Attachment) {
 		a.Kind, a.State, a.AttachmentName, a.AttachmentUID, a.Withdrawn = volume.KindCSI, cache.Attached, "va", "uid-old", true
@@ -406,7 +456,7 @@ func (m detachGoneThenCreated) Detach(_ context.Context, a cache.Attachment) (bo
 func TestGoneDetachAnswerDropsNoRecordChangedMeanwhile(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	desired, actual := cache.NewDesiredState(), cache.NewActualState()
-	actual.SetNode(node1, cache.NodeInfo{Exists: true, Managed: true, Ready: true, Seen: true})
+	actual.SetNode(node1, cache.NodeInfo{Exists: true, Managed: true, Ready: true, Seen: true}, time.Time{})
 	k := key(specA, node1)
 	actual.Update(k, true, func(a *cache.Attachment) {
 		a.Kind, a.State, a.AttachmentName, a.AttachmentUID, a.Withdrawn = volume.KindCSI, cache.Attached, "va", "uid-old", true

@@ -48,7 +48,7 @@ func TestObserve(t *testing.T) {
 	r := reconciler.New(desired, actual, status, map[volume.Kind]reconciler.Mechanism{volume.KindCSI: noMechanism{t}}, rec, metrics.New(),
 		reconciler.Config{MaxWaitForUnmount: time.Minute})
 	k := cache.Key{Volume: spec.Name, Node: "node-1"}
-	actual.SetNode("node-1", cache.NodeInfo{Exists: true, Managed: true, Ready: false, Seen: true, InUse: map[volume.Name]bool{spec.Name: true}})
+	actual.SetNode("node-1", cache.NodeInfo{Exists: true, Managed: true, Ready: false, Seen: true, InUse: map[volume.Name]bool{spec.Name: true}}, time.Time{})
 	actual.Update(k, true, func(a *cache.Attachment) {
 		a.State, a.Kind, a.Spec = cache.Attached, spec.Kind, spec
 	})

@@ -80,6 +80,7 @@ func (s *Sim) checkEveryStep() {
 		s.deletedSeen[name] = now
 	}
 	s.noteZone()
+	s.noteManaged()
 	// The max wait runs from when the volume stopped being wanted. A want
 	// starts it afresh only when it lasted long enough to be seen (a pod
 	// that lived only while its events were in flight may never be seen;

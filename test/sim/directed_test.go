@@ -169,6 +169,98 @@ func TestManagedAgainBeforeItsPodsAreRead(t *testing.T) {
 	}
 }
 
+// As TestManagedAgainBeforeItsPodsAreRead, with the pod's event still on
+// its way to the informer when the node turns managed (the informer lists
+// no pod there to wait for), and kubelet's status update that lists the
+// mount not read yet either: the node version that carries the annotation
+// back shows the volume not in use. For a while after a node is managed
+// again (KubeletReportGrace, pkg/reconciler), a volume it does not list in use
+// is not taken as unmounted: the pod and the report come meanwhile. Seed
+// 17475 of the sweep found it (I2).
+func TestManagedAgainBeforeItsPodIsInTheInformer(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Trace = true
+	s := newSim(1, cfg)
+	defer s.kill()
+	settle := func() {
+		for range cfg.QuietSteps {
+			s.step++
+			if !s.act(false) {
+				break
+			}
+			s.checkEveryStep()
+		}
+	}
+	node := nodeName(0)
+	setManaged := func(on bool) {
+		n := s.w.node(node).DeepCopy()
+		n.Annotations = nil
+		if on {
+			n.Annotations = map[string]string{managed: "true"}
+		}
+		s.tracef("test: %s managed=%v", node, on)
+		s.w.update(rNodes, n)
+	}
+	kubelet := func(what string) {
+		todo := s.kubeletAttaches(s.w.node(node))
+		if len(todo) != 1 {
+			t.Fatalf("kubelet %s: %d changes to make, want 1", what, len(todo))
+		}
+		todo[0]()
+	}
+	settle()
+	// Its kubelet was told to attach by itself a while ago.
+	setManaged(false)
+	s.selfAttach[node] = s.clock.Now().Add(-seenWant)
+	settle()
+	// A pod comes; the pod informer's events are held from here.
+	s.createPod("rwx", node)
+	held := s.w.pending[rPods]
+	s.w.pending[rPods] = nil
+	kubelet("attach")
+	s.attacher()
+	kubelet("mount")
+	// Managed again, its mount not reported in use yet. The controller
+	// runs until it has nothing left to do but wait for time to pass.
+	delete(s.selfAttach, node)
+	setManaged(true)
+	s.reportsHeld = true
+	for range cfg.QuietSteps {
+		if len(s.choices(false)) == 0 {
+			break
+		}
+		s.step++
+		s.act(false)
+		s.checkEveryStep()
+	}
+	if s.w.pending[rPods] != nil {
+		t.Fatalf("pod events came meanwhile: %d", len(s.w.pending[rPods]))
+	}
+	if !slices.ContainsFunc(s.w.attachments(), func(va *storagev1.VolumeAttachment) bool {
+		return attachmentVolume(va) == "rwx" && va.Spec.NodeName == node && va.DeletionTimestamp == nil
+	}) {
+		t.Errorf("the volume its pod uses, mounted, was detached from %s before the pod and the report could be read", node)
+	}
+	// The report and the pod come.
+	s.w.pending[rPods] = held
+	s.reportsHeld = false
+	settle()
+	if !slices.ContainsFunc(s.w.attachments(), func(va *storagev1.VolumeAttachment) bool {
+		return attachmentVolume(va) == "rwx" && va.Spec.NodeName == node && va.DeletionTimestamp == nil
+	}) {
+		t.Errorf("the volume its pod uses was detached from %s", node)
+	}
+	s.w.remove(rPods, ns+"/"+podNamed(s, "rwx"))
+	settle()
+	s.heal()
+	settle()
+	s.checkQuiet()
+	if len(s.violations) > 0 || t.Failed() || os.Getenv("SIM_DEBUG") != "" {
+		t.Log(strings.Join(s.trace, "\n"))
+		t.Errorf("violations: %q", s.violations)
+	}
+}
+
 // The delete of a volume's VolumeAttachment is refused (as an admission
 // webhook refuses it) while its pod goes, and a pod on the same node wants
 // the volume again: its kubelet lists it in volumesInUse before it is

@@ -7,9 +7,11 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/controller"
+	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
 	"github.com/kube-attach/attach-detach-controller/test/invariants"
 )
 
@@ -56,7 +58,13 @@ import (
 //     disruption guard when its zone is disrupted, for an unmanaged node's
 //     kubelet, or for the kubelet to unmount. The out-of-service taint needs
 //     no exclusion: it only lets a mounted volume go sooner, and an
-//     unmounted one goes at once anyway.
+//     unmounted one goes at once anyway;
+//   - an old node managed again (or created again) less than
+//     managedAgainHold ago: a kubelet that attached volumes by itself may
+//     have mounted one it has not reported in use yet, and the controller
+//     takes a volume it does not list as unmounted only
+//     KubeletReportGrace (pkg/reconciler) after it read the node managed
+//     again, which is up to informerLag and workLag after it was.
 //
 // Nothing else is excluded, on purpose: the zone disruption guard holds
 // only forced detaches (of a volume mounted on an unhealthy node, kept out
@@ -86,6 +94,34 @@ import (
 // VolumeAttachment's events lost to a relist; unreadNodeRecheck), and a
 // small margin: 75 s.
 const moveBound = 75 * time.Second
+
+// managedAgainHold is how long after an old node is managed again its
+// detaches are held (KubeletReportGrace from when the controller read it).
+const managedAgainHold = reconciler.KubeletReportGrace + informerLag + workLag
+
+// managedMark is since when a Node object (by UID) has been managed.
+type managedMark struct {
+	uid types.UID
+	at  time.Time
+}
+
+// noteManaged records, after each step, since when each node has been
+// managed, as its object says.
+func (s *Sim) noteManaged() {
+	if s.managedSince == nil {
+		s.managedSince = map[string]managedMark{}
+	}
+	for _, name := range s.nodeNames() {
+		n := s.w.node(name)
+		if n == nil || n.Annotations[managed] == "" {
+			delete(s.managedSince, name)
+			continue
+		}
+		if m, ok := s.managedSince[name]; !ok || m.uid != n.UID {
+			s.managedSince[name] = managedMark{uid: n.UID, at: s.clock.Now()}
+		}
+	}
+}
 
 // move is the clock of one move: since when nothing holds it back, and
 // whether another node held an attachment of the volume then.
@@ -191,7 +227,7 @@ func (s *Sim) movesFree() (waiting, listed map[pair]bool) {
 			}
 			from = true
 			n := s.w.node(a)
-			if !calm(n) {
+			if !calm(n) || s.clock.Now().Sub(s.managedSince[a].at) < managedAgainHold {
 				held = true
 				break
 			}

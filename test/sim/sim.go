@@ -201,8 +201,10 @@ type Sim struct {
 	// answerOnWay counts, per node, the status writes that landed and
 	// whose answer has not reached the controller yet.
 	answerOnWay map[string]int
-	// moves: the clock of each move nothing holds back (I11, moves.go).
-	moves map[pair]move
+	// moves: the clock of each move nothing holds back (I11, moves.go);
+	// managedSince: since when each node has been managed (noteManaged).
+	moves        map[pair]move
+	managedSince map[string]managedMark
 }
 
 type pair struct{ pv, node string }
@@ -486,6 +488,44 @@ type choice struct {
 
 // act makes one step: one choice among everything that can happen now.
 func (s *Sim) act(chaos bool) (progress bool) {
+	cs := s.choices(chaos)
+	if len(cs) == 0 {
+		if at, ok := s.nextTimer(); ok {
+			s.advance(at.Sub(s.clock.Now()))
+			return true
+		}
+		if !s.resyncAt.IsZero() && !s.resyncedQuiet {
+			// Nothing left but the periodic sync: it runs once more
+			// before the run counts as quiet.
+			s.advance(s.resyncAt.Sub(s.clock.Now()))
+			s.periodicSync()
+			return true
+		}
+		return false
+	}
+	total := 0.0
+	for _, c := range cs {
+		total += c.weight
+	}
+	x := s.rng.Float64() * total
+	c := cs[len(cs)-1]
+	for _, y := range cs {
+		if x -= y.weight; x < 0 {
+			c = y
+			break
+		}
+	}
+	if c.name != "periodic sync" {
+		s.resyncedQuiet = false
+	}
+	c.do()
+	return true
+}
+
+// choices lists everything that can happen now, with chaos the faults and
+// time passing too; without, only what is due (time passes in act when
+// nothing is).
+func (s *Sim) choices(chaos bool) []choice {
 	var cs []choice
 	add := func(w float64, name string, do func()) { cs = append(cs, choice{w, name, do}) }
 	for _, r := range resources {
@@ -564,40 +604,7 @@ func (s *Sim) act(chaos bool) (progress bool) {
 			add(1, "third party: managed again", s.unflap)
 		}
 	}
-	if len(cs) == 0 {
-		if at, ok := s.nextTimer(); ok {
-			s.advance(at.Sub(s.clock.Now()))
-			return true
-		}
-		if !s.resyncAt.IsZero() && !s.resyncedQuiet {
-			// Nothing left but the periodic sync: it runs once more
-			// before the run counts as quiet.
-			s.advance(s.resyncAt.Sub(s.clock.Now()))
-			s.periodicSync()
-			return true
-		}
-		return false
-	}
-	if !chaos && len(cs) == 0 {
-		return false
-	}
-	total := 0.0
-	for _, c := range cs {
-		total += c.weight
-	}
-	x := s.rng.Float64() * total
-	c := cs[len(cs)-1]
-	for _, y := range cs {
-		if x -= y.weight; x < 0 {
-			c = y
-			break
-		}
-	}
-	if c.name != "periodic sync" {
-		s.resyncedQuiet = false
-	}
-	c.do()
-	return true
+	return cs
 }
 
 // periodicSync runs the controller's periodic sync, as Run does every
