@@ -1,0 +1,77 @@
+package controller
+
+import (
+	"slices"
+	"testing"
+
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/kube-attach/attach-detach-controller/pkg/cache"
+	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
+	"github.com/kube-attach/attach-detach-controller/pkg/volume"
+)
+
+// The controller's create of node-1's VolumeAttachment of h1, a
+// ReadWriteOnce volume, times out: the API server has the request and may
+// still carry it out (a slow admission webhook, a slow etcd). node-1 goes
+// NotReady with h1 in use, pod-a goes, and pod-b on node-2 wants h1. A GET
+// that finds no VolumeAttachment on node-1 then proves nothing: the create
+// may land after it. h1 is held on node-1, as any attachment that may be
+// mounted there, and never attached to node-2 while node-1's may land.
+func TestCreateInFlightIsNotTakenForNothingAttached(t *testing.T) {
+	name1 := volume.AttachmentName("h1", driver, "node-1")
+	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a")}
+	objs := append(vol, pod("pod-a", "node-1", "claim-a"), node("node-1"), node("node-2"))
+	f := newFixture(t, objs...)
+	var inFlight *storagev1.VolumeAttachment
+	f.client.PrependReactor("create", "volumeattachments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		o := a.(k8stesting.CreateAction).GetObject().(*storagev1.VolumeAttachment)
+		if o.Name != name1 || inFlight != nil {
+			return false, nil, nil
+		}
+		inFlight = o.DeepCopy()
+		return true, nil, apierrors.NewTimeoutError("request did not complete within the allowed duration", 0)
+	})
+	f.syncFirst("node-1", nil, "default/pod-a")
+	must(t, f.c.syncNode(f.ctx, "node-2"))
+	k1 := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	if err := f.c.syncVolume(f.ctx, k1); err == nil || inFlight == nil {
+		t.Fatalf("attach on node-1: %v; want the create's timeout", err)
+	}
+	// node-1 stops reporting, h1 in use; pod-a goes, pod-b comes.
+	objs = append(vol, pod("pod-b", "node-2", "claim-a"), node("node-1", notReady, inUse(csiName("h1"))), node("node-2"))
+	f.load(objs...)
+	must(t, f.client.Tracker().Update(nodesGVR, node("node-1", notReady, inUse(csiName("h1"))), ""))
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	must(t, f.c.syncPod(f.ctx, "default/pod-a"))
+	must(t, f.c.syncPod(f.ctx, "default/pod-b"))
+	// node-1's key, queued by pod-a's going, is synced first.
+	must(t, f.c.syncVolume(f.ctx, k1))
+	f.drain()
+	// The create lands, and the external-attacher attaches it; its event
+	// is read.
+	inFlight.UID = "uid-late"
+	inFlight.Status.Attached = true
+	must(t, f.client.Tracker().Add(inFlight))
+	f.load(append(objs, inFlight)...)
+	must(t, f.c.syncAttachment(f.ctx, name1))
+	f.drain()
+	vas, err := f.client.Tracker().List(vaResource, storagev1.SchemeGroupVersion.WithKind("VolumeAttachment"), "")
+	must(t, err)
+	var on []string
+	for _, va := range vas.(*storagev1.VolumeAttachmentList).Items {
+		on = append(on, va.Spec.NodeName)
+	}
+	if slices.Contains(on, "node-1") && slices.Contains(on, "node-2") {
+		t.Errorf("writes %v: h1, ReadWriteOnce, has VolumeAttachments on %v", f.writes(), on)
+	}
+	if _, ok := f.c.actual.Get(k1); !ok {
+		t.Error("node-1's attachment, its create in flight, not on record")
+	}
+	if d := f.c.reconciler.Decide(k1, f.clock.Now()); d.Action != reconciler.Wait {
+		t.Errorf("node-1: decided %v, want the max wait for unmount", d)
+	}
+}
