@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"errors"
 	"slices"
 	"testing"
 
@@ -73,5 +74,40 @@ func TestCreateInFlightIsNotTakenForNothingAttached(t *testing.T) {
 	}
 	if d := f.c.reconciler.Decide(k1, f.clock.Now()); d.Action != reconciler.Wait {
 		t.Errorf("node-1: decided %v, want the max wait for unmount", d)
+	}
+}
+
+// As TestCreateInFlightIsNotTakenForNothingAttached, with the create
+// refused by the API (an admission webhook's denial): nothing of it will
+// land, so the GET that finds no VolumeAttachment on node-1 proves nothing
+// is attached there, and h1 goes to node-2 at once.
+func TestRefusedCreateIsTakenForNothingAttached(t *testing.T) {
+	name1 := volume.AttachmentName("h1", driver, "node-1")
+	vol := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a")}
+	objs := append(vol, pod("pod-a", "node-1", "claim-a"), node("node-1"), node("node-2"))
+	f := newFixture(t, objs...)
+	f.client.PrependReactor("create", "volumeattachments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.CreateAction).GetObject().(*storagev1.VolumeAttachment).Name != name1 {
+			return false, nil, nil
+		}
+		return true, nil, apierrors.NewForbidden(vaResource.GroupResource(), name1, errors.New("denied by webhook"))
+	})
+	f.syncFirst("node-1", nil, "default/pod-a")
+	must(t, f.c.syncNode(f.ctx, "node-2"))
+	k1 := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	if err := f.c.syncVolume(f.ctx, k1); err == nil {
+		t.Fatal("attach on node-1 succeeded; want the create's refusal")
+	}
+	objs = append(vol, pod("pod-b", "node-2", "claim-a"), node("node-1", notReady, inUse(csiName("h1"))), node("node-2"))
+	f.load(objs...)
+	must(t, f.client.Tracker().Update(nodesGVR, node("node-1", notReady, inUse(csiName("h1"))), ""))
+	must(t, f.c.syncNode(f.ctx, "node-1"))
+	must(t, f.c.syncPod(f.ctx, "default/pod-a"))
+	must(t, f.c.syncPod(f.ctx, "default/pod-b"))
+	f.reset()
+	must(t, f.c.syncVolume(f.ctx, k1))
+	f.drain()
+	if w := f.writes(); !slices.Contains(w, "create volumeattachments "+volume.AttachmentName("h1", driver, "node-2")) {
+		t.Errorf("writes %v: h1 not attached to node-2; node-1: %v", w, f.c.reconciler.Decide(k1, f.clock.Now()))
 	}
 }

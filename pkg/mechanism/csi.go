@@ -114,9 +114,25 @@ func (c *CSI) Attach(ctx context.Context, spec *volume.Spec, node string) (recon
 	case err == nil:
 		res.UID = string(created.UID)
 	case !apierrors.IsAlreadyExists(err):
+		res.Refused = refused(err)
 		return res, fmt.Errorf("create VolumeAttachment %s: %w", name, err)
 	}
 	return res, nil
+}
+
+// refused reports whether err is the API's answer that it did not carry
+// out a write, and will not: a request it found invalid, forbidden (an
+// admission webhook's denial too) or throttled. A timeout, a server error
+// or a connection lost after the request was sent leave it unknown: the
+// write may have landed, or may still land.
+func refused(err error) bool {
+	switch apierrors.ReasonForError(err) {
+	case metav1.StatusReasonBadRequest, metav1.StatusReasonUnauthorized, metav1.StatusReasonForbidden,
+		metav1.StatusReasonInvalid, metav1.StatusReasonTooManyRequests, metav1.StatusReasonMethodNotAllowed,
+		metav1.StatusReasonRequestEntityTooLarge, metav1.StatusReasonUnsupportedMediaType, metav1.StatusReasonNotAcceptable:
+		return true
+	}
+	return false
 }
 
 // heldElsewhere returns a VolumeAttachment of spec's PersistentVolume on

@@ -251,13 +251,20 @@ func (r *Reconciler) decideDetach(d Decision, node cache.NodeInfo, now time.Time
 // there, and waiting protects nothing; it only keeps a single-node volume
 // from a pod on another node for as long. The API is asked (Confirm): the
 // informer may not show an object yet (a create whose answer was lost).
-// An in-tree attachment has no object to ask about: it waits.
+// An in-tree attachment has no object to ask about: it waits. So does one
+// whose create of the controller's own got no answer (CreatedUnknown): the
+// API server may still carry it out after the GET (a timeout answers
+// before the write is done), and the object would land on the node, its
+// volume attached there, after the record went and the volume was given
+// to another node (kube-controller-manager also holds an attach that
+// failed as uncertain for the max wait for unmount).
 func unseenOnUnhealthyNode(a cache.Attachment, node cache.NodeInfo) bool {
 	kind := a.Kind
 	if kind == "" {
 		kind = kindOfName(a.Volume)
 	}
-	return kind == volume.KindCSI && a.State != cache.Detaching && a.AttachmentUID == "" && !node.Healthy() && !node.Unread()
+	return kind == volume.KindCSI && a.State != cache.Detaching && a.AttachmentUID == "" && a.CreatedUID != cache.CreatedUnknown &&
+		!node.Healthy() && !node.Unread()
 }
 
 // Wanted reports whether some pod on k's node wants the volume k names,

@@ -79,6 +79,10 @@ type AttachResult struct {
 	// event has shown yet.
 	Created bool
 	UID     string
+	// Refused: the API answered the create with a refusal (the request
+	// was invalid, forbidden or throttled): no object of it exists, and
+	// none will land later, unlike after a timeout or a lost answer.
+	Refused bool
 }
 
 // AttachError is an error the attacher reported for the volume (for CSI,
@@ -383,9 +387,11 @@ func (r *Reconciler) attach(ctx context.Context, d Decision, now time.Time) (Res
 			// detached (syncAttachment asks the API instead).
 			a.AttachmentUID = ""
 		}
-		if res.Created {
+		if res.Created && !res.Refused {
 			// Until its event is read, an object of that name the lister
-			// shows may be the one before (syncAttachment).
+			// shows may be the one before (syncAttachment). A create
+			// whose answer did not come may also land later: the API
+			// showing no object then proves nothing (unseenOnUnhealthyNode).
 			a.CreatedUID = res.UID
 			if res.UID == "" {
 				a.CreatedUID = cache.CreatedUnknown
