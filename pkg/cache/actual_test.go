@@ -214,6 +214,10 @@ func TestActualStateManagedAgain(t *testing.T) {
 		{name: "held until its pods are read", steps: []step{{info: NodeInfo{Annotated: true, Ready: true, UID: "u1"}, at: 1, want: -1}, {info: managed, at: 5, want: -1}}},
 		{name: "managed again, held until its pods are read", steps: []step{{info: unmanaged, at: 1, want: -1}, {info: NodeInfo{Annotated: true, Ready: true, UID: "u1"}, at: 5, want: 5}, {info: managed, at: 9, want: 5}}},
 		{name: "deleted, created again", steps: []step{{info: managed, at: 1, want: -1}, {delete: true, at: 3, want: -1}, {info: NodeInfo{Managed: true, Annotated: true, UID: "u2"}, at: 7, want: 7}}},
+		// A relist shows the new object in place of the old: no deletion
+		// is read, and the new object lists in use nothing its kubelet
+		// mounted before it registered again.
+		{name: "created again, its deletion not read", steps: []step{{info: managed, at: 1, want: -1}, {info: NodeInfo{Managed: true, Annotated: true, UID: "u2"}, at: 7, want: 7}, {info: NodeInfo{Managed: true, Annotated: true, UID: "u2"}, at: 9, want: 7}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
