@@ -110,7 +110,8 @@ type NodeInfo struct {
 	// everything attached there may be mounted.
 	Seen bool
 	// ManagedAgain is when the node was first read with the annotation
-	// after it was read without it, or deleted (SetNode's at); zero when
+	// after it was read without it, or deleted, or in place of another
+	// object of its name (SetNode's at); zero when
 	// it had it from its first read. A kubelet that attached volumes by
 	// itself mounted them without waiting to report them in use, and what
 	// pods wanted there did not count meanwhile: its volumesInUse is not
@@ -408,9 +409,11 @@ func (a *ActualState) setNodeLocked(name string, info NodeInfo, at time.Time) (k
 	switch {
 	case !info.Annotated:
 		info.ManagedAgain = time.Time{}
-	case old.Exists && old.Annotated:
+	case old.Exists && old.Annotated && sameObject(old.UID, info.UID):
 		info.ManagedAgain = old.ManagedAgain
 	case old.Exists || old.Deleted:
+		// Read without the annotation before, deleted, or another object
+		// of that name (created again, its deletion hidden by a relist).
 		info.ManagedAgain = at
 	default:
 		// First read (or named by an attachment before it).
@@ -439,6 +442,10 @@ func (a *ActualState) Stale(node, uid, resourceVersion string) bool {
 	n := a.nodes[node]
 	return n != nil && n.info.stale(uid, resourceVersion)
 }
+
+// sameObject reports whether two Node UIDs may name one object (an
+// unknown UID may).
+func sameObject(a, b string) bool { return a == "" || b == "" || a == b }
 
 // stale: an object older than what the controller already knows (the
 // answer of its own status write): what kubelet had mounted then must not
