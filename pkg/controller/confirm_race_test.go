@@ -111,3 +111,78 @@ func TestRefusedCreateIsTakenForNothingAttached(t *testing.T) {
 		t.Errorf("writes %v: h1 not attached to node-2; node-1: %v", w, f.c.reconciler.Decide(k1, f.clock.Now()))
 	}
 }
+
+// After a restart, node-1 (not Ready, h1 in use) names h1 attached in its
+// status, and no VolumeAttachment of it is seen; pod-b on node-2 wants h1,
+// ReadWriteOnce. The GET of node-1's VolumeAttachment finds none, and right
+// after its answer someone creates one there (an admin, another
+// controller), which the informer shows before the controller looks at
+// its lister. That object is not the one the GET found gone: it is seen,
+// taken as holding h1 on node-1, and h1 is not attached to node-2 while it
+// is there.
+func TestObjectCreatedAfterTheConfirmGetIsSeen(t *testing.T) {
+	name1 := volume.AttachmentName("h1", driver, "node-1")
+	objs := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"), pod("pod-b", "node-2", "claim-a"),
+		node("node-1", notReady, inUse(csiName("h1")), listsAttached(csiName("h1"))), node("node-2")}
+	f := newFixture(t, objs...)
+	late := va("claim-a", "h1", "node-1")
+	gets := 0
+	f.client.PrependReactor("get", "volumeattachments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.GetAction).GetName() != name1 {
+			return false, nil, nil
+		}
+		gets++
+		if gets > 1 {
+			return false, nil, nil
+		}
+		// Its answer is on its way when the object is created and the
+		// informer shows it.
+		must(t, f.client.Tracker().Add(late))
+		f.load(append(objs, late)...)
+		return true, nil, apierrors.NewNotFound(vaResource.GroupResource(), name1)
+	})
+	must(t, f.c.Recover(f.ctx))
+	f.drain()
+	must(t, f.c.syncAttachment(f.ctx, name1))
+	f.drain()
+	if gets == 0 {
+		t.Fatal("node-1's VolumeAttachment never read from the API")
+	}
+	if w := f.writes(); slices.Contains(w, "create volumeattachments "+volume.AttachmentName("h1", driver, "node-2")) {
+		t.Errorf("writes %v: h1, ReadWriteOnce, attached to node-2 while %s (created after the GET) holds it on node-1", w, name1)
+	}
+	if a, ok := f.c.actual.Get(cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}); !ok || a.AttachmentUID != string(late.UID) {
+		t.Errorf("node-1's attachment %+v (on record %v): want the object created after the GET", a, ok)
+	}
+}
+
+// A VolumeAttachment of h1 on node-1 that someone else creates after the
+// controller forgot its own attachment there (confirm found none) is taken
+// as holding h1 there once its event is read: pod-b on node-2 waits.
+func TestObjectCreatedAfterConfirmHoldsTheVolume(t *testing.T) {
+	name1 := volume.AttachmentName("h1", driver, "node-1")
+	objs := []runtime.Object{csiPV("claim-a", "h1"), claim("claim-a"),
+		node("node-1", notReady, inUse(csiName("h1")), listsAttached(csiName("h1"))), node("node-2")}
+	f := newFixture(t, objs...)
+	must(t, f.c.Recover(f.ctx))
+	f.drain()
+	k1 := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-1"}
+	if _, ok := f.c.actual.Get(k1); ok {
+		t.Fatalf("node-1's attachment still on record: %v", f.c.reconciler.Decide(k1, f.clock.Now()))
+	}
+	late := va("claim-a", "h1", "node-1")
+	must(t, f.client.Tracker().Add(late))
+	objs = append(objs, late, pod("pod-b", "node-2", "claim-a"))
+	f.load(objs...)
+	must(t, f.c.syncAttachment(f.ctx, name1))
+	must(t, f.c.syncPod(f.ctx, "default/pod-b"))
+	f.reset()
+	f.drain()
+	k2 := cache.Key{Volume: volume.CSIName(driver, "h1"), Node: "node-2"}
+	if d := f.c.reconciler.Decide(k2, f.clock.Now()); d.Action != reconciler.Blocked {
+		t.Errorf("node-2: decided %v, want blocked by node-1", d)
+	}
+	if w := f.writes(); slices.Contains(w, "create volumeattachments "+volume.AttachmentName("h1", driver, "node-2")) {
+		t.Errorf("writes %v: h1 attached to node-2 while node-1 holds it", w)
+	}
+}
