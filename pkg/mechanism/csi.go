@@ -232,22 +232,31 @@ func (c *CSI) Detach(ctx context.Context, a cache.Attachment) (bool, error) {
 // volume is detached; being deleted, its detach is under way; otherwise
 // the delete did not land (it was refused, or failed before it reached
 // the object). What the lister still shows of an object the API no longer
-// has is taken as gone from then on (Gone).
+// has is taken as gone from then on (Gone), unless it was not shown yet
+// when the GET was sent: then it may be newer than the answer, and is
+// taken as there.
 func (c *CSI) Settle(ctx context.Context, a cache.Attachment, _ *volume.Spec) (reconciler.Settled, error) {
 	name := a.AttachmentName
 	if name == "" {
 		_, driver, handle := volume.Parse(a.Volume)
 		name = volume.AttachmentName(handle, driver, a.Node)
 	}
+	before, berr := c.attachments.Get(name)
 	va, err := c.client.StorageV1().VolumeAttachments().Get(ctx, name, metav1.GetOptions{})
 	gone := apierrors.IsNotFound(err)
 	if err != nil && !gone {
 		return reconciler.Settled{}, fmt.Errorf("get VolumeAttachment %s: %w", name, err)
 	}
-	if cached, lerr := c.attachments.Get(name); lerr == nil && (gone || cached.UID != va.UID) {
+	cached, lerr := c.attachments.Get(name)
+	// An object the lister shows only since the GET was sent may have been
+	// created after the API answered: the answer says nothing of it.
+	newer := lerr == nil && (berr != nil || before.UID != cached.UID)
+	if lerr == nil && !newer && (gone || cached.UID != va.UID) {
 		c.forget(name, cached.UID)
 	}
-	if gone {
+	if gone && newer {
+		va = cached
+	} else if gone {
 		return reconciler.Settled{Detached: true}, nil
 	}
 	s := reconciler.Settled{UID: string(va.UID)}
