@@ -7,7 +7,9 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/types"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/controller"
@@ -59,6 +61,11 @@ import (
 //     kubelet, or for the kubelet to unmount. The out-of-service taint needs
 //     no exclusion: it only lets a mounted volume go sooner, and an
 //     unmounted one goes at once anyway;
+//   - an old node, not Ready, deleted or unmanaged, where the
+//     controller's create of a VolumeAttachment of the volume got no
+//     answer or a server error, and no write of that name landed since:
+//     as far as anyone but the API server can tell, it may land yet, and
+//     the attachment it may make is held as any other there;
 //   - an old node managed again (or created again) less than
 //     managedAgainHold ago: a kubelet that attached volumes by itself may
 //     have mounted one it has not reported in use yet, and the controller
@@ -119,6 +126,36 @@ func (s *Sim) noteManaged() {
 		}
 		if m, ok := s.managedSince[name]; !ok || m.uid != n.UID {
 			s.managedSince[name] = managedMark{uid: n.UID, at: s.clock.Now()}
+		}
+	}
+}
+
+// noteCreate records what the API did with a VolumeAttachment create or
+// delete of the controller's: a create that got no answer, or a server
+// error, may land yet as far as the controller can tell (a timeout or an
+// etcd error answers before the write is done), so it holds the volume on
+// its node until a write of that name lands (done).
+func (s *Sim) noteCreate(action k8stesting.Action, done bool) {
+	if action.GetResource().Resource != rAttachments {
+		return
+	}
+	switch a := action.(type) {
+	case k8stesting.CreateAction:
+		va, ok := a.GetObject().(*storagev1.VolumeAttachment)
+		if !ok {
+			return
+		}
+		if s.createsUnknown == nil {
+			s.createsUnknown = map[string]pair{}
+		}
+		if done {
+			delete(s.createsUnknown, va.Name)
+		} else {
+			s.createsUnknown[va.Name] = pair{attachmentVolume(va), va.Spec.NodeName}
+		}
+	case k8stesting.DeleteAction:
+		if done {
+			delete(s.createsUnknown, a.GetName())
 		}
 	}
 }
@@ -234,6 +271,11 @@ func (s *Sim) movesFree() (waiting, listed map[pair]bool) {
 			if _, inUse := invariants.NodeLists(n); v.inv().ListedIn(inUse) {
 				held = true
 				break
+			}
+		}
+		for _, u := range s.createsUnknown {
+			if u.pv == v.pv && u.node != p.node && !calm(s.w.node(u.node)) {
+				held = true
 			}
 		}
 		if held {

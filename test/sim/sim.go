@@ -205,6 +205,10 @@ type Sim struct {
 	// managedSince: since when each node has been managed (noteManaged).
 	moves        map[pair]move
 	managedSince map[string]managedMark
+	// createsUnknown: the VolumeAttachments (by name) whose create by the
+	// controller got no answer, or a server error: as far as anyone but
+	// the API server can tell, it may land yet (noteCreate, moves.go).
+	createsUnknown map[string]pair
 }
 
 type pair struct{ pv, node string }

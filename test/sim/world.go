@@ -219,6 +219,7 @@ func (w *world) react(action k8stesting.Action) (bool, runtime.Object, error) {
 	}
 	if killed {
 		s.tracef("  %s: no answer, the controller is gone", what)
+		s.noteCreate(action, false)
 		return true, nil, fmt.Errorf("connection refused")
 	}
 	kind := what
@@ -230,6 +231,7 @@ func (w *world) react(action k8stesting.Action) (bool, runtime.Object, error) {
 	if s.faults && s.chance(s.cfg.APIFailure) {
 		s.stats["fault: API write failed"]++
 		s.tracef("  %s: injected failure", what)
+		s.noteCreate(action, false)
 		return true, nil, errInjected
 	}
 	var obj runtime.Object
@@ -278,6 +280,9 @@ func (w *world) react(action k8stesting.Action) (bool, runtime.Object, error) {
 	if !handled || (obj == nil && err == nil && action.GetVerb() != "delete") {
 		s.violate("API", "unexpected API call %s", what)
 		return true, nil, fmt.Errorf("unexpected call %s", what)
+	}
+	if err == nil || apierrors.IsNotFound(err) {
+		s.noteCreate(action, true)
 	}
 	if err == nil && w.lost[kind] {
 		s.stats["test: API write landed, answer lost"]++
