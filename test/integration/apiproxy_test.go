@@ -76,7 +76,25 @@ type proxyRule struct {
 	hold   *answerHold
 	lose   bool
 	calls  int
+	// late: answered at once with lostAnswer, before the API has the
+	// request; the first one whose body names lateName is carried out
+	// when late is released (the others never are).
+	late     *lateWrite
+	lateName string
 }
+
+// lateWrite is a write whose answer, a timeout, came before the write: the
+// server may still carry it out, and does when released.
+type lateWrite struct {
+	once     sync.Once
+	held     chan struct{} // closed when the write is held
+	released chan struct{}
+	free     sync.Once
+	landed   chan struct{} // closed once the API has answered it
+	status   int           // the API's answer, once landed
+}
+
+func (l *lateWrite) release() { l.free.Do(func() { close(l.released) }) }
 
 // answerHold holds the answer of the first request of its rule.
 type answerHold struct {
@@ -169,6 +187,9 @@ func (p *apiProxy) serve(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, rule.refuse)
 		return
 	}
+	if rule != nil && rule.late != nil && p.answerBeforeWrite(w, r, rule) {
+		return
+	}
 	if resource, rest := apiPath(r); r.Method == http.MethodGet && len(rest) == 0 {
 		// A list after an expired watch is the informer's relist.
 		defer p.listed(resource)
@@ -233,6 +254,60 @@ func loseAnswer(resp *http.Response) {
 	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	resp.Header.Set("Content-Type", "application/json")
 	resp.Header.Del("Content-Encoding")
+}
+
+// answerBeforeWrite answers r with lostAnswer when its body names the
+// rule's lateName (the first such request is sent to the API once
+// released), and reports whether it did; other requests go on unchanged.
+func (p *apiProxy) answerBeforeWrite(w http.ResponseWriter, r *http.Request, rule *proxyRule) bool {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return true
+	}
+	_ = r.Body.Close() // read whole
+	if !bytes.Contains(body, []byte(rule.lateName)) {
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		return false
+	}
+	first := false
+	rule.late.once.Do(func() { first = true })
+	if first {
+		out := r.Clone(context.Background())
+		u := *p.upstream
+		u.Path, u.RawPath, u.RawQuery = r.URL.Path, r.URL.RawPath, r.URL.RawQuery
+		out.URL, out.Host, out.RequestURI = &u, u.Host, ""
+		out.Header.Set("Accept", "application/json")
+		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		l := rule.late
+		close(l.held)
+		go func() {
+			select {
+			case <-l.released:
+			case <-p.closing:
+				return
+			}
+			resp, err := p.transport.RoundTrip(out)
+			if err == nil {
+				l.status = resp.StatusCode
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close() // read whole
+			}
+			close(l.landed)
+		}()
+	}
+	writeStatus(w, lostAnswer.DeepCopy())
+	return true
+}
+
+// landLater answers the requests match accepts whose body names name at
+// once with a timeout, before the API has them: the first is sent to the
+// API once released, as a server that answered a timeout and still
+// carries the write out; the others never are.
+func (p *apiProxy) landLater(match func(*http.Request) bool, name string) *lateWrite {
+	l := &lateWrite{held: make(chan struct{}), released: make(chan struct{}), landed: make(chan struct{})}
+	p.addRule(&proxyRule{match: match, late: l, lateName: name})
+	return l
 }
 
 // deletedByController reports whether the VolumeAttachment with uid was
