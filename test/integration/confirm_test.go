@@ -229,3 +229,54 @@ func TestUnseenVolumeAttachmentOnNotReadyNodeHoldsTheVolumeWhileTheAPIHasIt(t *t
 		t.Error(err)
 	}
 }
+
+// The answer of the controller's delete of node-a's VolumeAttachment, for
+// a pod gone and a volume unmounted, is lost; the object is gone at once
+// (no finalizer holds it). Before the answer comes, node-a's status lists
+// the volume in use again and goes NotReady, and pod-b on node-b wants the
+// volume: the detach, of unknown outcome, is decided again under the
+// detach rules, which would hold it for the max wait for unmount. The API
+// has no VolumeAttachment on node-a: pod-b gets the volume at once, and
+// the volume is never on two nodes.
+func TestLostDetachAnswerOnNotReadyNodeHoldsNoVolumeOnceItsObjectIsGone(t *testing.T) {
+	e := newEnv(t, "confirm-lost")
+	p := startAPIProxy(t)
+	driver := e.name("csi.test")
+	nodeA := e.createNode("node-a", true)
+	nodeB := e.createNode("node-b", true)
+	pv := e.createCSIClaim("claim", driver, "vol-1", v1.ReadWriteOnce)
+	vol := framework.CSIVolumeName(driver, "vol-1")
+	aw := e.watchAttachmentsOf(pv.Name)
+	e.startAttacher(driver, "")
+	x := newExplainer(e)
+	e.startControllerVia(p, func(o *app.Options) {
+		x.configure(o)
+		o.MaxWaitForUnmount = confirmMaxWait
+	})
+
+	e.createPod("pod-a", nodeA, "claim")
+	va := e.waitAttached(driver, "vol-1", nodeA)
+	lost := p.loseAnswerOf(isCall(http.MethodDelete, "volumeattachments/"+va.Name))
+	e.deletePod("pod-a")
+	waitClosed(t, lost.held, waitTimeout, "the delete of "+va.Name+" landed, its answer held")
+	e.waitGone(va.Name)
+
+	e.setVolumesInUse(nodeA, vol)
+	e.setNodeReady(nodeA, false)
+	e.createPod("pod-b", nodeB, "claim")
+	framework.Eventually(t, waitTimeout, func() (bool, error) {
+		got, err := x.explain(vol, nodeA)
+		return strings.Contains(got.Reason, "still mounted on unhealthy node "+nodeA), err
+	}, "the controller read that node %s, not Ready, lists %s in use", nodeA, vol)
+	framework.Eventually(t, waitTimeout, func() (bool, error) {
+		got, err := x.explain(vol, nodeB)
+		return got.Desired, err
+	}, "the controller read pod-b")
+	lost.release()
+	start := time.Now()
+	e.waitAttached(driver, "vol-1", nodeB)
+	t.Logf("Attached to %s %s after the lost answer (max wait for unmount %s)", nodeB, time.Since(start).Round(100*time.Millisecond), confirmMaxWait)
+	if err := aw.violations(); err != nil {
+		t.Error(err)
+	}
+}
