@@ -8,6 +8,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 
+	"github.com/kube-attach/attach-detach-controller/cmd/attach-detach-controller/app"
 	"github.com/kube-attach/attach-detach-controller/pkg/reconciler"
 	"github.com/kube-attach/attach-detach-controller/test/framework"
 )
@@ -128,5 +129,51 @@ func TestManagedAgainNodeUnmountedVolumeDetachedAfterGrace(t *testing.T) {
 	}
 	if limit := grace + 15*time.Second; elapsed > limit {
 		t.Errorf("volume detached %s after node %s was managed again, more than %s", elapsed, node, limit)
+	}
+}
+
+// A volume mounted on a NotReady node whose pod is gone waits for the max
+// wait for unmount. The node is taken out of the controller's hands for a
+// while, and put back: what its pods did meanwhile was not counted, so the
+// max wait counts again from when the node is managed again, not from the
+// pod's departure.
+func TestManagedAgainNodeGetsTheMaxWaitAfresh(t *testing.T) {
+	const (
+		maxWait   = 15 * time.Second
+		unmanaged = 10 * time.Second
+	)
+	e := newEnv(t, "managed-again-maxwait")
+	driver := e.name("csi.test")
+	e.startAttacher(driver, "")
+	x := newExplainer(e)
+	e.startController(func(o *app.Options) {
+		x.configure(o)
+		o.MaxWaitForUnmount = maxWait
+	})
+	node, va, deleted := mountedOnDeadNode(e, driver)
+	vol := framework.CSIVolumeName(driver, "vol-1")
+	vw := e.watchVA(va)
+	framework.Eventually(t, waitTimeout, func() (bool, error) {
+		got, err := x.explain(vol, node)
+		return strings.Contains(got.Reason, "forced detach in"), err
+	}, "the controller counts the max wait for unmount of %s on node %s", vol, node)
+
+	e.setManaged(node, false)
+	framework.Eventually(t, waitTimeout, func() (bool, error) {
+		got, err := x.explain(vol, node)
+		return strings.Contains(got.Reason, "is not managed"), err
+	}, "the controller read node %s unmanaged", node)
+	framework.Consistently(t, time.Until(deleted.Add(unmanaged)), vw.intact, "the volume to stay attached to node %s, not managed", node)
+	back := time.Now()
+	e.setManaged(node, true)
+	framework.Consistently(t, time.Until(back.Add(maxWait-3*time.Second)), vw.intact,
+		"the volume, mounted on NotReady node %s, to stay attached for the max wait for unmount from when the node is managed again", node)
+	vw.close()
+	e.waitDetached(driver, "vol-1", node)
+	elapsed := time.Since(back)
+	t.Logf("Detached %s after the node was managed again, %s after its pod was deleted (max wait for unmount %s)",
+		elapsed.Round(100*time.Millisecond), time.Since(deleted).Round(100*time.Millisecond), maxWait)
+	if elapsed < maxWait {
+		t.Errorf("volume detached %s after node %s was managed again, before the max wait for unmount (%s)", elapsed, node, maxWait)
 	}
 }
