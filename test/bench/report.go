@@ -113,6 +113,8 @@ func writeSummary(b *strings.Builder, cfg Config, results []*Result) {
 		{label: "restart: ready / that floor", value: phaseRatio(PhaseRestart, MReady, MListFloor), unit: "x"},
 		{label: "restart: the new volume attached / that floor", value: phaseRatio(PhaseRestart, MFirstAttach, MListFloor), unit: "x"},
 		{label: "restart: CPU seconds of the bare informers' list", value: phaseTime(PhaseRestart, MListCPU), unit: "s"},
+		{label: "restart: CPU seconds of kube-apiserver and etcd during the bare list", value: phaseTime(PhaseRestart, MListServerCPU), unit: "s"},
+		{label: "restart: CPU seconds of kube-apiserver and etcd from the new process's start until it was ready", value: phaseTime(PhaseRestart, MReadyServerCPU), unit: "s"},
 		{label: "restart: API writes but the new volume's, events excluded (all requests)", value: writes(PhaseRestart), totalOf: PhaseRestart},
 		{label: "restart: the new volume's writes (attach, detach, node status)", value: writes(WindowNewVolume)},
 		{label: "restart: CPU seconds of the new process", value: cpu(PhaseRestart), unit: "s"},

@@ -30,12 +30,21 @@ func (r *runner) restart(ctx context.Context, p *PhaseResult) error {
 	timeout := max(restartTimeout, r.cfg.MinTimeout)
 	if len(r.cfg.ListFloor) > 0 {
 		// The floor first, on the same quiet cluster, the controller idle.
+		server0, err := r.serverCPU()
+		if err != nil {
+			return err
+		}
 		s, err := r.listFloor(ctx)
 		if err != nil {
 			return err
 		}
-		p.Times[MListFloor], p.Times[MListCPU] = s.Synced, s.CPU
-		r.logger.Info("Bare informers listed everything", "objects", s.Objects, "synced", s.Synced.Round(time.Millisecond), "cpu", s.CPU.Round(time.Millisecond))
+		server1, err := r.serverCPU()
+		if err != nil {
+			return err
+		}
+		p.Times[MListFloor], p.Times[MListCPU], p.Times[MListServerCPU] = s.Synced, s.CPU, server1-server0
+		r.logger.Info("Bare informers listed everything", "objects", s.Objects, "synced", s.Synced.Round(time.Millisecond), "cpu", s.CPU.Round(time.Millisecond),
+			"serverCPU", (server1 - server0).Round(time.Millisecond))
 	}
 	stopping := time.Now()
 	_ = r.proc.Stop(stopTimeout)
@@ -49,6 +58,10 @@ func (r *runner) restart(ctx context.Context, p *PhaseResult) error {
 	// CPU time from the new process's start; the old one's peak memory is
 	// already in the run's peak (Before).
 	p.Before = framework.Stats{At: start}
+	server0, err := r.serverCPU()
+	if err != nil {
+		return err
+	}
 	r.logger.Info("Controller restarted", "pid", r.proc.Pid(), "log", logPath, "stoppedIn", p.Times[MStopped].Round(time.Millisecond))
 	if err := r.w.CreateNewVolumeClaim(ctx, r.env.Client, RestartVolume); err != nil {
 		return err
@@ -65,6 +78,11 @@ func (r *runner) restart(ctx context.Context, p *PhaseResult) error {
 		return err
 	}
 	p.Times[MReady] = ready
+	server1, err := r.serverCPU()
+	if err != nil {
+		return err
+	}
+	p.Times[MReadyServerCPU] = server1 - server0
 	t, err := result()
 	if err != nil {
 		return fmt.Errorf("volume created at the restart not attached: %w", err)
@@ -86,6 +104,12 @@ func (r *runner) restart(ctx context.Context, p *PhaseResult) error {
 		return fmt.Errorf("state changed by the restart: %s", s)
 	}
 	return nil
+}
+
+// serverCPU is the CPU time kube-apiserver and etcd have used so far.
+func (r *runner) serverCPU() (time.Duration, error) {
+	a, e, err := r.env.Cluster.ServerCPU()
+	return time.Duration(framework.CPUSeconds(a+e) * float64(time.Second)), err
 }
 
 // awaitReady polls the controller's /readyz, or, when it serves none, its

@@ -57,6 +57,10 @@ const (
 	MFirstAttach = "first attach" // restart: the volume created at its start attached and in node.status
 	MListFloor   = "list floor"   // restart: bare informers of the same kinds have listed everything (ListEverything)
 	MListCPU     = "list cpu"     // restart: the CPU time of that list
+	// restart: the CPU time kube-apiserver and etcd used during that list,
+	// and from the new process's start until it was ready
+	MListServerCPU  = "list server cpu"
+	MReadyServerCPU = "ready server cpu"
 
 	// teardown: the volume of a pod created once every other pod is deleted
 	MNewPodAttached = "new pod attached" // its VolumeAttachment attached

@@ -157,6 +157,14 @@ func (c *Cluster) start(ctx context.Context, timeout time.Duration, etcdBin, api
 	return nil
 }
 
+// ServerCPU is the CPU time kube-apiserver and etcd have used so far, in
+// clock ticks (CPUSeconds converts them).
+func (c *Cluster) ServerCPU() (apiserver, etcd int64, err error) {
+	a, err1 := c.apiserver.Stats()
+	e, err2 := c.etcd.Stats()
+	return a.CPUTicks, e.CPUTicks, errors.Join(err1, err2)
+}
+
 // Stop kills the processes and removes Dir. It may be called more than once.
 // Errors are logged; tests that want them use StartT.
 func (c *Cluster) Stop() {

@@ -35,12 +35,21 @@ type fakeRuntime struct {
 	mu       sync.Mutex
 	s        memSample
 	releases int
+	// left is what a release leaves held beyond the live heap.
+	left uint64
+	// busy: the next sample counts a burst of allocation.
+	busy bool
 }
 
 func (f *fakeRuntime) sample() memSample {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.s.allocs += mib // quiet: a MiB a period
+	if f.busy {
+		f.busy = false
+		f.s.allocs += 100 * mib
+		f.s.retained = 2 * f.s.live
+	}
 	return f.s
 }
 
@@ -48,7 +57,13 @@ func (f *fakeRuntime) release() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.releases++
-	f.s.retained = f.s.live + 4*mib
+	f.s.retained = f.s.live + max(f.left, 4*mib)
+}
+
+func (f *fakeRuntime) work() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.busy = true
 }
 
 func (f *fakeRuntime) count() int {
@@ -89,4 +104,39 @@ func TestReleaserRun(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after its context was cancelled")
 	}
+}
+
+// TestReleaserReleasesOncePerBusySpell: a release that leaves much held
+// beyond the live heap (spans part free, the runtime's own structures, as
+// at 100,000 volumes) is not made again every quiet period, each a full
+// collection, but once more only after the controller was busy again.
+func TestReleaserReleasesOncePerBusySpell(t *testing.T) {
+	f := &fakeRuntime{s: memSample{live: 900 * mib, retained: 1800 * mib}, left: 400 * mib}
+	r := &releaser{period: time.Millisecond, quiet: 8 * mib, minSlack: 32 * mib, release: f.release, sample: f.sample}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.Run(ctx)
+	}()
+	waitReleases := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for f.count() < n && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if f.count() != n {
+			t.Fatalf("released %d times, want %d", f.count(), n)
+		}
+	}
+	waitReleases(1)
+	time.Sleep(30 * time.Millisecond) //nolint:forbidigo // quiet periods passing, not a result awaited
+	if n := f.count(); n != 1 {
+		t.Fatalf("released %d times over quiet periods after a release that left 400 MiB free, want 1", n)
+	}
+	f.work()
+	waitReleases(2)
+	cancel()
+	<-done
 }
