@@ -12,7 +12,6 @@ import (
 	"math"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"k8s.io/client-go/util/flowcontrol"
@@ -160,9 +159,6 @@ func (l *Limiter) Wait(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if paid, ok := ctx.Value(prepaidKey{}).(*atomic.Bool); ok && paid.CompareAndSwap(false, true) {
-		return nil
-	}
 	l.mu.Lock()
 	l.refillLocked()
 	if len(l.waiters) == 0 && l.tokens >= 1 {
@@ -246,20 +242,6 @@ func (l *Limiter) fire() {
 		close(w.granted)
 	}
 	l.armLocked()
-}
-
-type prepaidKey struct{}
-
-// Prepay waits for a token now (Wait) for the first request made under the
-// returned context, which then takes none; a later one (client-go's retry)
-// waits for its own. A request whose content is best read once it may be
-// sent waits this way: a node's status, whose changes gather while the
-// write waits for the budget, goes in one write instead of two.
-func (l *Limiter) Prepay(ctx context.Context) (context.Context, error) {
-	if err := l.Wait(ctx); err != nil {
-		return ctx, err
-	}
-	return context.WithValue(ctx, prepaidKey{}, new(atomic.Bool)), nil
 }
 
 // Accept takes a token, waiting as long as it takes.

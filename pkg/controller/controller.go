@@ -29,7 +29,6 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
-	"github.com/kube-attach/attach-detach-controller/pkg/budget"
 	"github.com/kube-attach/attach-detach-controller/pkg/cache"
 	"github.com/kube-attach/attach-detach-controller/pkg/intree"
 	"github.com/kube-attach/attach-detach-controller/pkg/mechanism"
@@ -71,11 +70,6 @@ type Config struct {
 	// may wait for the other attaches under way on its node, so that one
 	// write reports them together; zero: writes go at once.
 	StatusHold time.Duration
-	// Budget, when set, is the API budget Client's requests wait for (its
-	// RateLimiter). A node status write then waits for it before it reads
-	// what to write, so that what changes on the node meanwhile goes in
-	// the same write.
-	Budget *budget.Limiter
 	// SyncPeriod is the period of the sync that compares attached volumes
 	// with their VolumeAttachments; zero disables it.
 	SyncPeriod time.Duration
@@ -321,9 +315,6 @@ func New(cfg Config) (*Controller, error) {
 	}, cfg.Recorder, cfg.Metrics, cfg.Reconciler)
 	c.writer = nodestatus.NewWriter(cfg.Client, c.status, c.nodeWritten)
 	c.writer.Hold, c.writer.Clock = cfg.StatusHold, cfg.Clock
-	if cfg.Budget != nil {
-		c.writer.Prepay = cfg.Budget.Prepay
-	}
 	c.syncVolumeKey, c.syncNodeStatus, c.statusDiffers = c.syncVolume, c.syncStatus, c.rewriteStatus
 	if cfg.Shadow != nil {
 		c.syncVolumeKey, c.syncNodeStatus, c.statusDiffers = c.syncShadow, c.mirrorStatus, c.queueMirror

@@ -116,20 +116,6 @@ func (r *Record) Begin(node string) (want []v1.AttachedVolume, changed bool) {
 	return want, changed
 }
 
-// Changed reports whether a Begin now would report a change, changing
-// nothing: a write that waits for the budget before it reads what to write
-// (Writer.Prepay) waits only when there is something to write.
-func (r *Record) Changed(node string) bool {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	want := r.actual.ReportWant(node)
-	n := r.nodes[node]
-	if n == nil {
-		return len(want) > 0
-	}
-	return n.dirty || !sameNames(want, n.listed)
-}
-
 // End records the outcome of a write of written. On success the status
 // lists exactly written; on failure the write may or may not have landed,
 // so what it carried counts as listed (for the detach rule) and the next

@@ -35,10 +35,6 @@ type Writer struct {
 	// waits.
 	Hold  time.Duration
 	Clock clock.PassiveClock
-	// Prepay, when set, waits for the write's API budget
-	// (budget.Limiter.Prepay) before the write reads what to write, so
-	// that what changes on the node while it waits goes in the same write.
-	Prepay func(context.Context) (context.Context, error)
 }
 
 // NewWriter returns a Writer. setNode records the node facts of the Node a
@@ -71,15 +67,6 @@ func (w *Writer) Sync(ctx context.Context, node string) (keys []cache.Key, after
 }
 
 func (w *Writer) write(ctx context.Context, node string) ([]cache.Key, error) {
-	if w.Prepay != nil {
-		if !w.record.Changed(node) {
-			return nil, nil
-		}
-		var err error
-		if ctx, err = w.Prepay(ctx); err != nil {
-			return nil, err
-		}
-	}
 	want, changed := w.record.Begin(node)
 	if !changed {
 		return nil, nil

@@ -59,7 +59,7 @@ func TestEventsDoNotDrawOnTheControllerBudget(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	run, err := newController(ctx, o, controllerConfig, fake.NewClientset(), limiter.Limiter, prometheus.NewRegistry(), nil)
+	run, err := newController(ctx, o, controllerConfig, fake.NewClientset(), prometheus.NewRegistry(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

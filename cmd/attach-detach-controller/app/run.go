@@ -114,8 +114,7 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 	// The event broadcaster and the dynamic client keep budgets of their
 	// own, as before (newController).
 	clientConfig := rest.CopyConfig(controllerConfig)
-	limiter := budget.New(o.QPS, o.Burst)
-	clientConfig.RateLimiter = limiter
+	clientConfig.RateLimiter = budget.New(o.QPS, o.Burst)
 	client, err := kubernetes.NewForConfig(rest.AddUserAgent(clientConfig, "attach-detach-controller"))
 	if err != nil {
 		return fmt.Errorf("create client: %w", err)
@@ -162,7 +161,7 @@ func run(ctx context.Context, o *Options, reg *prometheus.Registry) error {
 		if g != nil {
 			defer g.Unregister()
 		}
-		c, err := newController(ctx, o, controllerConfig, client, limiter, reg, g)
+		c, err := newController(ctx, o, controllerConfig, client, reg, g)
 		if err != nil {
 			return err
 		}
@@ -252,7 +251,7 @@ func (r *controllerRun) Run(ctx, stop context.Context, ready *atomic.Bool) error
 	return r.c.RunGraceful(ctx, stop, func() { ready.Store(true) })
 }
 
-func newController(ctx context.Context, o *Options, config *rest.Config, client kubernetes.Interface, limiter *budget.Limiter, reg prometheus.Registerer,
+func newController(ctx context.Context, o *Options, config *rest.Config, client kubernetes.Interface, reg prometheus.Registerer,
 	g *guard.Guard) (*controllerRun, error) {
 	logger := klog.FromContext(ctx)
 	dyn, err := dynamic.NewForConfig(config)
@@ -291,7 +290,6 @@ func newController(ctx context.Context, o *Options, config *rest.Config, client 
 	}
 	c, err := controller.New(controller.Config{
 		Client:              client,
-		Budget:              limiter,
 		Dynamic:             dyn,
 		CompletedMigrations: completed,
 		Recorder:            recorder,
