@@ -65,7 +65,7 @@ CLUSTER_TOOLS := $(E2E_TOOLS) kube-controller-manager kube-scheduler csi-provisi
 # manifests/, as `kubectl kustomize` would), and the cluster's.
 TOOLS := $(CLUSTER_TOOLS) kustomize
 
-.PHONY: all build kubectl-adc kubectl-adc-release tools go-tools helm promtool test-binaries test test-unit test-bench test-sim sim-sweep test-integration test-e2e test-hollow test-hollow-full test-cluster test-cluster-full test-chaos test-skew test-guard-soak chaos chaos-hollow demo bench bench-hollow verify image clean
+.PHONY: all build kubectl-adc kubectl-adc-release tools go-tools helm promtool test-binaries test test-unit test-bench test-sim sim-sweep test-integration test-integration-rest test-integration-waits test-e2e test-hollow test-hollow-full test-cluster test-cluster-full test-chaos test-skew test-guard-soak chaos chaos-hollow demo bench bench-hollow verify image clean
 
 all: build
 
@@ -154,8 +154,18 @@ test-binaries: build
 
 INTEGRATION_PACKAGES = $(shell go list ./test/... | grep -v -e /test/e2e -e /test/sim -e /test/chaos -e /test/hollow -e /test/cluster)
 
+# The tests of a node managed again wait out its 30 s report grace: they run
+# in a process (and a cluster) of their own, beside the rest.
+INTEGRATION_WAITS = ^TestManagedAgain
+
 test-integration: tools test-binaries
-	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 20m $(INTEGRATION_PACKAGES)
+	$(MAKE) --no-print-directory --output-sync=target -j 2 test-integration-rest test-integration-waits
+
+test-integration-rest:
+	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 20m -skip '$(INTEGRATION_WAITS)' $(INTEGRATION_PACKAGES)
+
+test-integration-waits:
+	$(TEST_BINARIES) $(GO_TEST) $(TEST_FLAGS) -timeout 10m -run '$(INTEGRATION_WAITS)' ./test/integration
 
 # The guard (pkg/guard) beside kube-controller-manager as a cluster that cut
 # over runs it (--controllers=*,-attachdetach), through GUARD_SOAK of
